@@ -1,0 +1,683 @@
+//! Command line and environment: every option is a long flag and an `EXACTLY_…` variable.
+//!
+//! Parsing (clap) catches malformed values; [`RunArgs::validate`] checks how values fit together
+//! and resolves defaults into a [`Config`]. Both happen before any Kafka client exists, so a bad
+//! value fails start-up with a message naming the option and nothing is consumed or produced.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::error::Error;
+
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "exactly",
+    version,
+    about = "Kafka to Kafka through a transform, exactly once"
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Consume, transform and produce, committing outputs and offsets in one transaction.
+    Run(Box<RunArgs>),
+}
+
+/// What to do with a record that cannot be transformed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OnError {
+    /// Write it to the dead-letter topic, in the same transaction, with the reason in headers.
+    Dlq,
+    /// Abort the open transaction and exit non-zero; the record is read again on restart.
+    Fail,
+    /// Drop it (counted and logged); its offset is committed.
+    Skip,
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object a line.
+    Json,
+}
+
+/// Options of `exactly run`.
+#[derive(Clone, Debug, Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["input_topics", "input_pattern"])))]
+#[command(group(clap::ArgGroup::new("jq_program").args(["jq", "jq_file"])))]
+pub struct RunArgs {
+    /// Kafka bootstrap servers, host:port[,host:port…].
+    #[arg(long, env = "EXACTLY_BOOTSTRAP_SERVERS", value_name = "HOSTS")]
+    pub bootstrap_servers: String,
+
+    /// Input topics, comma-separated.
+    #[arg(
+        long,
+        env = "EXACTLY_INPUT_TOPICS",
+        value_delimiter = ',',
+        value_name = "TOPICS"
+    )]
+    pub input_topics: Vec<String>,
+
+    /// Input topics as a regular expression (instead of --input-topics); new matching topics
+    /// are picked up as they appear.
+    #[arg(
+        long,
+        env = "EXACTLY_INPUT_PATTERN",
+        value_name = "REGEX",
+        conflicts_with = "input_topics"
+    )]
+    pub input_pattern: Option<String>,
+
+    /// Topic that transformed records are written to (an --envelope program may pick another).
+    #[arg(long, env = "EXACTLY_OUTPUT_TOPIC", value_name = "TOPIC")]
+    pub output_topic: String,
+
+    /// Consumer group; its committed offsets are part of every transaction.
+    #[arg(long, env = "EXACTLY_GROUP_ID", value_name = "GROUP")]
+    pub group_id: String,
+
+    /// This instance's stable identity [default: $POD_NAME, else the host name]. Must differ
+    /// between instances of one group and stay the same across restarts of one instance.
+    #[arg(long, env = "EXACTLY_INSTANCE_ID", value_name = "ID")]
+    pub instance_id: Option<String>,
+
+    /// Transactional id of the producer [default: <group-id>-<instance-id>]. A restart with the
+    /// same id fences the previous incarnation's producer.
+    #[arg(long, env = "EXACTLY_TRANSACTIONAL_ID", value_name = "ID")]
+    pub transactional_id: Option<String>,
+
+    /// Join the group as a static member (group.instance.id = the instance id), so a quick
+    /// restart gets its partitions back without a rebalance.
+    #[arg(long, env = "EXACTLY_STATIC_MEMBERSHIP")]
+    pub static_membership: bool,
+
+    /// Commit the open transaction this long after it began.
+    #[arg(long, env = "EXACTLY_COMMIT_INTERVAL", value_name = "DURATION", default_value = "100ms", value_parser = parse_duration)]
+    pub commit_interval: Duration,
+
+    /// Commit once a transaction holds this many input records.
+    #[arg(long, env = "EXACTLY_MAX_RECORDS_PER_TXN", value_name = "N", default_value_t = 50_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_records_per_txn: u64,
+
+    /// Commit once a transaction holds this many bytes of input (keys and values).
+    #[arg(long, env = "EXACTLY_MAX_BYTES_PER_TXN", value_name = "BYTES", default_value_t = 64 << 20, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_bytes_per_txn: u64,
+
+    /// Transaction timeout (transaction.timeout.ms): the coordinator aborts a transaction open
+    /// longer than this. Must be at least twice the commit interval and 5 s longer than it.
+    #[arg(long, env = "EXACTLY_TRANSACTION_TIMEOUT", value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub transaction_timeout: Duration,
+
+    /// jq program applied to each record's JSON value (jaq dialect). Without --jq or
+    /// --jq-file, records pass through byte for byte.
+    #[arg(long, env = "EXACTLY_JQ", value_name = "PROGRAM")]
+    pub jq: Option<String>,
+
+    /// File holding the jq program.
+    #[arg(long, env = "EXACTLY_JQ_FILE", value_name = "PATH")]
+    pub jq_file: Option<std::path::PathBuf>,
+
+    /// The jq program yields envelopes {"key", "value", "topic", "headers"} instead of values,
+    /// so it can re-key, route to another topic, or set headers.
+    #[arg(long, env = "EXACTLY_ENVELOPE", requires = "jq_program")]
+    pub envelope: bool,
+
+    /// What to do with a record that cannot be transformed.
+    #[arg(long, env = "EXACTLY_ON_ERROR", value_enum, default_value_t = OnError::Dlq)]
+    pub on_error: OnError,
+
+    /// Dead-letter topic [default: <output-topic>.dlq].
+    #[arg(long, env = "EXACTLY_DLQ_TOPIC", value_name = "TOPIC")]
+    pub dlq_topic: Option<String>,
+
+    /// Do not add the exactly.lineage header (source topic/partition/offset/index) to outputs.
+    #[arg(long, env = "EXACTLY_NO_LINEAGE")]
+    pub no_lineage: bool,
+
+    /// Largest output record (key + value bytes); a larger one is a transform error.
+    #[arg(long, env = "EXACTLY_MAX_OUTPUT_BYTES", value_name = "BYTES", default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_output_bytes: u64,
+
+    /// Most outputs one input record may fan out to; more is a transform error.
+    #[arg(long, env = "EXACTLY_MAX_OUTPUTS_PER_RECORD", value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_outputs_per_record: u64,
+
+    /// Extra librdkafka consumer setting, key=value (repeatable; in the environment, separate
+    /// pairs with ';').
+    #[arg(long = "consumer-config", env = "EXACTLY_CONSUMER_CONFIG", value_name = "KEY=VALUE", value_delimiter = ';', value_parser = parse_key_value)]
+    pub consumer_config: Vec<(String, String)>,
+
+    /// Extra librdkafka producer setting, key=value (repeatable; in the environment, separate
+    /// pairs with ';').
+    #[arg(long = "producer-config", env = "EXACTLY_PRODUCER_CONFIG", value_name = "KEY=VALUE", value_delimiter = ';', value_parser = parse_key_value)]
+    pub producer_config: Vec<(String, String)>,
+
+    /// How long start-up may wait for the broker and the transaction coordinator.
+    #[arg(long, env = "EXACTLY_STARTUP_TIMEOUT", value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub startup_timeout: Duration,
+
+    /// On SIGTERM/SIGINT: time to commit the open transaction and leave the group before a
+    /// hard exit.
+    #[arg(long, env = "EXACTLY_SHUTDOWN_GRACE", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
+
+    /// Log format.
+    #[arg(long, env = "EXACTLY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Log level or tracing filter (e.g. `info`, `exactly=debug,rdkafka=warn`).
+    #[arg(long, env = "EXACTLY_LOG_LEVEL", value_name = "FILTER", default_value = "info", value_parser = parse_log_filter)]
+    pub log_level: String,
+
+    /// Testing only: abort instead of committing every Nth transaction, through the same path
+    /// as an abortable commit error. Used by the test suite to prove aborts are invisible.
+    #[arg(long, env = "EXACTLY_TEST_ABORT_EVERY", value_name = "N", hide = true, value_parser = clap::value_parser!(u64).range(1..))]
+    pub test_abort_every: Option<u64>,
+}
+
+/// librdkafka keys that exactly sets itself, and the option to use instead.
+const CONSUMER_OWNED: &[(&str, &str)] = &[
+    ("bootstrap.servers", "--bootstrap-servers"),
+    ("metadata.broker.list", "--bootstrap-servers"),
+    ("group.id", "--group-id"),
+    (
+        "group.instance.id",
+        "--static-membership with --instance-id",
+    ),
+    (
+        "enable.auto.commit",
+        "nothing: offsets are committed inside each transaction",
+    ),
+    (
+        "enable.auto.offset.store",
+        "nothing: offsets are committed inside each transaction",
+    ),
+    (
+        "isolation.level",
+        "nothing: exactly always reads read_committed",
+    ),
+];
+const PRODUCER_OWNED: &[(&str, &str)] = &[
+    ("bootstrap.servers", "--bootstrap-servers"),
+    ("metadata.broker.list", "--bootstrap-servers"),
+    ("transactional.id", "--transactional-id"),
+    ("transaction.timeout.ms", "--transaction-timeout"),
+    (
+        "enable.idempotence",
+        "nothing: transactions need the idempotent producer",
+    ),
+    ("acks", "nothing: transactions need acks=all"),
+    (
+        "request.required.acks",
+        "nothing: transactions need acks=all",
+    ),
+];
+
+/// Where the input comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Input {
+    /// A fixed list of topics.
+    Topics(Vec<String>),
+    /// A regular expression over topic names.
+    Pattern(String),
+}
+
+/// The transform, as configured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TransformSpec {
+    /// Key, value and headers copied byte for byte.
+    Passthrough,
+    /// A jq program.
+    Jq {
+        /// Program text.
+        program: String,
+        /// Outputs are envelopes.
+        envelope: bool,
+    },
+}
+
+/// Validated configuration of `exactly run`.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Kafka bootstrap servers.
+    pub bootstrap_servers: String,
+    /// Input topics.
+    pub input: Input,
+    /// Default output topic.
+    pub output_topic: String,
+    /// Consumer group.
+    pub group_id: String,
+    /// Stable instance identity.
+    pub instance_id: String,
+    /// Producer transactional id.
+    pub transactional_id: String,
+    /// Join as a static member.
+    pub static_membership: bool,
+    /// Commit after this long.
+    pub commit_interval: Duration,
+    /// Commit after this many input records.
+    pub max_records_per_txn: u64,
+    /// Commit after this many input bytes.
+    pub max_bytes_per_txn: u64,
+    /// transaction.timeout.ms.
+    pub transaction_timeout: Duration,
+    /// The transform.
+    pub transform: TransformSpec,
+    /// Error policy.
+    pub on_error: OnError,
+    /// Dead-letter topic.
+    pub dlq_topic: String,
+    /// Add the lineage header.
+    pub lineage: bool,
+    /// Largest output record.
+    pub max_output_bytes: usize,
+    /// Most outputs per input record.
+    pub max_outputs_per_record: usize,
+    /// Extra consumer settings.
+    pub consumer_config: Vec<(String, String)>,
+    /// Extra producer settings.
+    pub producer_config: Vec<(String, String)>,
+    /// Start-up deadline.
+    pub startup_timeout: Duration,
+    /// Shutdown grace.
+    pub shutdown_grace: Duration,
+    /// Testing only: abort every Nth transaction.
+    pub test_abort_every: Option<u64>,
+}
+
+impl RunArgs {
+    /// Checks how the values fit together and fills in derived defaults.
+    pub fn validate(self) -> Result<Config, Error> {
+        let err = |m: String| Err(Error::Config(m));
+        if self.bootstrap_servers.trim().is_empty() {
+            return err("--bootstrap-servers: must not be empty".into());
+        }
+        let input = match self.input_pattern {
+            Some(p) => {
+                regex::Regex::new(&p)
+                    .map_err(|e| Error::Config(format!("--input-pattern: not a regex: {e}")))?;
+                Input::Pattern(p)
+            }
+            None => {
+                let topics: Vec<String> = self
+                    .input_topics
+                    .iter()
+                    .map(|t| t.trim().to_string())
+                    .collect();
+                for t in &topics {
+                    check_topic_name("--input-topics", t)?;
+                }
+                Input::Topics(topics)
+            }
+        };
+        check_topic_name("--output-topic", &self.output_topic)?;
+        if let Input::Topics(ts) = &input {
+            if ts.contains(&self.output_topic) {
+                return err(format!(
+                    "--output-topic: '{}' is also an input topic; that would loop forever",
+                    self.output_topic
+                ));
+            }
+        }
+        if self.group_id.trim().is_empty() {
+            return err("--group-id: must not be empty".into());
+        }
+        let dlq_topic = self
+            .dlq_topic
+            .unwrap_or_else(|| format!("{}.dlq", self.output_topic));
+        check_topic_name("--dlq-topic", &dlq_topic)?;
+        if self.on_error == OnError::Dlq && dlq_topic == self.output_topic {
+            return err("--dlq-topic: must differ from --output-topic".into());
+        }
+        let ci = self.commit_interval;
+        let tt = self.transaction_timeout;
+        if ci.is_zero() {
+            return err("--commit-interval: must be greater than 0".into());
+        }
+        if tt < ci * 2 || tt < ci + Duration::from_secs(5) {
+            return err(format!(
+                "--transaction-timeout: {} is too close to --commit-interval {}; it must be at \
+                 least twice the interval and 5 s longer",
+                humantime::format_duration(tt),
+                humantime::format_duration(ci)
+            ));
+        }
+        if tt.as_millis() > i32::MAX as u128 {
+            return err("--transaction-timeout: too large".into());
+        }
+        let instance_id = match self.instance_id {
+            Some(id) => id,
+            None => default_instance_id(),
+        };
+        if instance_id.trim().is_empty() {
+            return err("--instance-id: must not be empty (and no POD_NAME or host name)".into());
+        }
+        let transactional_id = self
+            .transactional_id
+            .unwrap_or_else(|| format!("{}-{}", self.group_id, instance_id));
+        if transactional_id.trim().is_empty() {
+            return err("--transactional-id: must not be empty".into());
+        }
+        check_passthrough("--consumer-config", &self.consumer_config, CONSUMER_OWNED)?;
+        check_passthrough("--producer-config", &self.producer_config, PRODUCER_OWNED)?;
+        let transform = match (self.jq, self.jq_file) {
+            (Some(program), _) => TransformSpec::Jq {
+                program,
+                envelope: self.envelope,
+            },
+            (None, Some(path)) => {
+                let program = std::fs::read_to_string(&path).map_err(|e| {
+                    Error::Config(format!("--jq-file: cannot read {}: {e}", path.display()))
+                })?;
+                TransformSpec::Jq {
+                    program,
+                    envelope: self.envelope,
+                }
+            }
+            (None, None) => TransformSpec::Passthrough,
+        };
+        if self.shutdown_grace.is_zero() {
+            return err("--shutdown-grace: must be greater than 0".into());
+        }
+        if self.startup_timeout.is_zero() {
+            return err("--startup-timeout: must be greater than 0".into());
+        }
+        Ok(Config {
+            bootstrap_servers: self.bootstrap_servers,
+            input,
+            output_topic: self.output_topic,
+            group_id: self.group_id,
+            instance_id,
+            transactional_id,
+            static_membership: self.static_membership,
+            commit_interval: ci,
+            max_records_per_txn: self.max_records_per_txn,
+            max_bytes_per_txn: self.max_bytes_per_txn,
+            transaction_timeout: tt,
+            transform,
+            on_error: self.on_error,
+            dlq_topic,
+            lineage: !self.no_lineage,
+            max_output_bytes: usize::try_from(self.max_output_bytes).unwrap_or(usize::MAX),
+            max_outputs_per_record: usize::try_from(self.max_outputs_per_record)
+                .unwrap_or(usize::MAX),
+            consumer_config: self.consumer_config,
+            producer_config: self.producer_config,
+            startup_timeout: self.startup_timeout,
+            shutdown_grace: self.shutdown_grace,
+            test_abort_every: self.test_abort_every,
+        })
+    }
+}
+
+/// `$POD_NAME` (Kubernetes), else the host name.
+fn default_instance_id() -> String {
+    match std::env::var("POD_NAME") {
+        Ok(p) if !p.trim().is_empty() => p,
+        _ => gethostname::gethostname().to_string_lossy().into_owned(),
+    }
+}
+
+/// Kafka's own rule: 1–249 characters of `[a-zA-Z0-9._-]`, not `.` or `..`.
+fn check_topic_name(flag: &str, name: &str) -> Result<(), Error> {
+    let ok = !name.is_empty()
+        && name.len() <= 249
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "{flag}: '{name}' is not a valid topic name (1-249 of a-z A-Z 0-9 . _ -)"
+        )))
+    }
+}
+
+/// Refuses keys exactly owns, and asks librdkafka whether each remaining key and value exist.
+fn check_passthrough(
+    flag: &str,
+    pairs: &[(String, String)],
+    owned: &[(&str, &str)],
+) -> Result<(), Error> {
+    for (key, value) in pairs {
+        if let Some((_, instead)) = owned.iter().find(|(k, _)| *k == key) {
+            return Err(Error::Config(format!(
+                "{flag}: '{key}' is set by exactly and cannot be overridden; use {instead}"
+            )));
+        }
+        let mut one = rdkafka::ClientConfig::new();
+        one.set(key, value);
+        if let Err(e) = one.create_native_config() {
+            return Err(Error::Config(format!("{flag}: {key}={value}: {e}")));
+        }
+    }
+    Ok(())
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 100ms, 5s, 2m)"))
+}
+
+fn parse_key_value(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+        _ => Err(format!("'{s}' is not key=value")),
+    }
+}
+
+fn parse_log_filter(s: &str) -> Result<String, String> {
+    tracing_subscriber::EnvFilter::try_new(s)
+        .map(|_| s.to_string())
+        .map_err(|e| format!("not a log level or filter: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &[&str] = &[
+        "exactly",
+        "run",
+        "--bootstrap-servers",
+        "127.0.0.1:9092",
+        "--input-topics",
+        "in",
+        "--output-topic",
+        "out",
+        "--group-id",
+        "g",
+        "--instance-id",
+        "i-0",
+    ];
+
+    fn parse(extra: &[&str]) -> Result<Config, String> {
+        let args: Vec<&str> = BASE.iter().chain(extra).copied().collect();
+        let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
+        let Command::Run(run) = cli.command;
+        run.validate().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_are_derived() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.transactional_id, "g-i-0");
+        assert_eq!(c.dlq_topic, "out.dlq");
+        assert_eq!(c.commit_interval, Duration::from_millis(100));
+        assert_eq!(c.transaction_timeout, Duration::from_secs(60));
+        assert_eq!(c.on_error, OnError::Dlq);
+        assert_eq!(c.transform, TransformSpec::Passthrough);
+        assert!(c.lineage);
+        assert_eq!(c.input, Input::Topics(vec!["in".into()]));
+    }
+
+    #[test]
+    fn topics_list_and_pattern() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.input, Input::Topics(vec!["in".into()]));
+        let args = [
+            "exactly",
+            "run",
+            "--bootstrap-servers",
+            "b:1",
+            "--input-topics",
+            "a,b",
+            "--output-topic",
+            "o",
+            "--group-id",
+            "g",
+            "--instance-id",
+            "x",
+        ];
+        let Command::Run(run) = Cli::try_parse_from(args).unwrap().command;
+        assert_eq!(
+            run.validate().unwrap().input,
+            Input::Topics(vec!["a".into(), "b".into()])
+        );
+        let args = [
+            "exactly",
+            "run",
+            "--bootstrap-servers",
+            "b:1",
+            "--input-pattern",
+            "^in-.*",
+            "--output-topic",
+            "o",
+            "--group-id",
+            "g",
+            "--instance-id",
+            "x",
+        ];
+        let Command::Run(run) = Cli::try_parse_from(args).unwrap().command;
+        assert_eq!(
+            run.validate().unwrap().input,
+            Input::Pattern("^in-.*".into())
+        );
+    }
+
+    #[test]
+    fn bad_values_name_their_flag() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["--commit-interval", "soon"], "--commit-interval"),
+            (&["--commit-interval", "0s"], "--commit-interval"),
+            (&["--transaction-timeout", "1s"], "--transaction-timeout"),
+            (
+                &["--commit-interval", "10s", "--transaction-timeout", "12s"],
+                "--transaction-timeout",
+            ),
+            (&["--max-records-per-txn", "0"], "--max-records-per-txn"),
+            (&["--on-error", "ignore"], "--on-error"),
+            (&["--dlq-topic", "bad topic"], "--dlq-topic"),
+            (&["--consumer-config", "nokey"], "--consumer-config"),
+            (
+                &["--consumer-config", "enable.auto.commit=true"],
+                "--consumer-config",
+            ),
+            (
+                &["--consumer-config", "isolation.level=read_uncommitted"],
+                "--consumer-config",
+            ),
+            (
+                &["--producer-config", "transactional.id=x"],
+                "--transactional-id",
+            ),
+            (
+                &["--producer-config", "enable.idempotence=false"],
+                "--producer-config",
+            ),
+            (
+                &["--producer-config", "no.such.property=1"],
+                "--producer-config",
+            ),
+            (
+                &["--producer-config", "linger.ms=banana"],
+                "--producer-config",
+            ),
+            (&["--log-level", "loud=="], "--log-level"),
+            (&["--jq-file", "/nonexistent/prog.jq"], "--jq-file"),
+            (&["--envelope"], "--jq"),
+            (&["--shutdown-grace", "0s"], "--shutdown-grace"),
+        ];
+        for (extra, flag) in cases {
+            let e = parse(extra).expect_err(&format!("{extra:?} should fail"));
+            assert!(e.contains(flag), "{extra:?}: '{e}' does not name {flag}");
+        }
+    }
+
+    #[test]
+    fn output_must_not_be_an_input() {
+        let args = [
+            "exactly",
+            "run",
+            "--bootstrap-servers",
+            "b:1",
+            "--input-topics",
+            "t",
+            "--output-topic",
+            "t",
+            "--group-id",
+            "g",
+            "--instance-id",
+            "x",
+        ];
+        let Command::Run(run) = Cli::try_parse_from(args).unwrap().command;
+        let e = run.validate().unwrap_err().to_string();
+        assert!(e.contains("--output-topic"), "{e}");
+    }
+
+    #[test]
+    fn refused_keys_say_what_to_use_instead() {
+        let e = parse(&["--consumer-config", "group.id=other"]).unwrap_err();
+        assert!(e.contains("use --group-id"), "{e}");
+        let e = parse(&["--producer-config", "transaction.timeout.ms=1000"]).unwrap_err();
+        assert!(e.contains("use --transaction-timeout"), "{e}");
+    }
+
+    #[test]
+    fn passthrough_accepts_real_librdkafka_keys() {
+        let c = parse(&[
+            "--consumer-config",
+            "session.timeout.ms=6000",
+            "--consumer-config",
+            "debug=cgrp,topic",
+            "--producer-config",
+            "linger.ms=20",
+        ])
+        .unwrap();
+        assert_eq!(c.consumer_config[1], ("debug".into(), "cgrp,topic".into()));
+        assert_eq!(c.producer_config, vec![("linger.ms".into(), "20".into())]);
+    }
+
+    #[test]
+    fn jq_and_envelope() {
+        let c = parse(&["--jq", ".a", "--envelope"]).unwrap();
+        assert_eq!(
+            c.transform,
+            TransformSpec::Jq {
+                program: ".a".into(),
+                envelope: true
+            }
+        );
+        let e = parse(&["--jq", ".a", "--jq-file", "x.jq"]).unwrap_err();
+        assert!(e.contains("--jq"), "{e}");
+    }
+
+    #[test]
+    fn transactional_id_override() {
+        let c = parse(&["--transactional-id", "fixed", "--static-membership"]).unwrap();
+        assert_eq!(c.transactional_id, "fixed");
+        assert!(c.static_membership);
+    }
+}

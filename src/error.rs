@@ -1,0 +1,357 @@
+//! Error types, and the one table that decides what a failed Kafka call means.
+//!
+//! librdkafka tags transactional errors with three flags (see rust-rdkafka's producer docs,
+//! "Errors"): `is_retriable` (call again), `txn_requires_abort` (abort the transaction and
+//! rewind) and `is_fatal` (this producer instance is finished). [`classify`] turns a failed call
+//! into one [`Action`], from the error code first and those flags second, so that every path
+//! of the pipeline reacts to the same error the same way.
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode as Code};
+
+/// Errors that stop `exactly run`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A configuration value is wrong; the message names the option.
+    #[error("{0}")]
+    Config(String),
+    /// The jq program does not compile.
+    #[error("--jq: {0}")]
+    Jq(String),
+    /// Kafka refused us in a way that retrying cannot fix (authorisation, bad settings).
+    #[error("{context}: {source}")]
+    Unrecoverable {
+        /// What exactly was doing.
+        context: String,
+        /// What Kafka said.
+        source: KafkaError,
+    },
+    /// A record could not be transformed and the error policy is `fail`.
+    #[error("{0} (--on-error fail)")]
+    RecordFailed(String),
+    /// Start-up did not complete in time (broker unreachable, coordinator never available).
+    #[error("{0}")]
+    Startup(String),
+}
+
+/// The call that failed; the same code can mean different things for different calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Call {
+    /// `init_transactions`: fences older epochs, completes the previous transaction.
+    Init,
+    /// `begin_transaction`: local only.
+    Begin,
+    /// `send` of one output record.
+    Produce,
+    /// `send_offsets_to_transaction`.
+    SendOffsets,
+    /// `commit_transaction` (including its flush).
+    Commit,
+    /// `abort_transaction`.
+    Abort,
+}
+
+/// What to do about a failed call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Transient: make the same call again (the caller bounds how often).
+    Retry,
+    /// The transaction cannot commit: abort it and rewind to the committed offsets.
+    Abort,
+    /// A commit that may or may not have happened. Never retried blindly: abort if librdkafka
+    /// still allows it, else recreate the producer; then rewind to what the broker says is
+    /// committed, which is right whichever way the commit went.
+    UnknownOutcome,
+    /// This producer is fenced or broken: drop it, create a new one (its `init_transactions`
+    /// bumps the epoch), rewind.
+    RecreateProducer,
+    /// Nothing we can do at run time (authorisation, configuration): exit non-zero.
+    Exit,
+}
+
+/// What we know about an error: its code and librdkafka's flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Facts {
+    /// The librdkafka or broker error code, when there is one.
+    pub code: Option<Code>,
+    /// librdkafka says the call may be retried.
+    pub retriable: bool,
+    /// librdkafka says the transaction must be aborted.
+    pub abortable: bool,
+    /// librdkafka says the producer instance is unusable.
+    pub fatal: bool,
+    /// The error came from the flush that precedes a commit: the commit was never sent.
+    pub flush: bool,
+}
+
+impl Facts {
+    /// Reads code and flags off a [`KafkaError`].
+    pub fn of(err: &KafkaError) -> Facts {
+        match err {
+            KafkaError::Transaction(e) => Facts {
+                code: Some(e.code()),
+                retriable: e.is_retriable(),
+                abortable: e.txn_requires_abort(),
+                fatal: e.is_fatal(),
+                flush: false,
+            },
+            other => Facts {
+                code: other.rdkafka_error_code(),
+                retriable: false,
+                abortable: false,
+                fatal: false,
+                flush: matches!(other, KafkaError::Flush(_)),
+            },
+        }
+    }
+
+    /// Facts for a bare code (tests, and errors we build ourselves).
+    pub fn code(code: Code) -> Facts {
+        Facts {
+            code: Some(code),
+            retriable: false,
+            abortable: false,
+            fatal: false,
+            flush: false,
+        }
+    }
+}
+
+/// Codes that no retry, abort or new producer can fix.
+const UNRECOVERABLE: &[Code] = &[
+    Code::TransactionalIdAuthorizationFailed,
+    Code::ClusterAuthorizationFailed,
+    Code::TopicAuthorizationFailed,
+    Code::GroupAuthorizationFailed,
+    Code::SaslAuthenticationFailed,
+    Code::Authentication,
+    Code::UnsupportedSASLMechanism,
+    Code::UnsupportedVersion,
+    Code::UnsupportedForMessageFormat,
+    Code::InvalidTransactionTimeout,
+    // Another live consumer uses our group.instance.id: two instances share an identity.
+    Code::FencedInstanceId,
+];
+
+/// Codes that mean a newer producer with our transactional id exists, or ours lost its epoch.
+const FENCED: &[Code] = &[
+    Code::ProducerFenced,
+    Code::InvalidProducerEpoch,
+    Code::InvalidProducerIdMapping,
+    Code::TransactionCoordinatorFenced,
+    Code::Fenced,
+    Code::Fatal,
+];
+
+/// Codes that are transient whatever the call, even without librdkafka's retriable flag.
+const TRANSIENT: &[Code] = &[
+    Code::CoordinatorNotAvailable,
+    Code::NotCoordinator,
+    Code::CoordinatorLoadInProgress,
+    Code::ConcurrentTransactions,
+    Code::WaitingForCoordinator,
+    Code::NetworkException,
+    Code::BrokerTransportFailure,
+    Code::AllBrokersDown,
+    Code::LeaderNotAvailable,
+    Code::NotLeaderForPartition,
+    Code::NotEnoughReplicas,
+    Code::NotEnoughReplicasAfterAppend,
+];
+
+/// Codes that say a call timed out.
+const TIMEOUT: &[Code] = &[
+    Code::OperationTimedOut,
+    Code::RequestTimedOut,
+    Code::TimedOutQueue,
+];
+
+/// Decides what a failed `call` means. The order of the checks is the policy.
+pub fn classify(call: Call, facts: &Facts) -> Action {
+    let is = |set: &[Code]| facts.code.is_some_and(|c| set.contains(&c));
+    if is(UNRECOVERABLE) {
+        return Action::Exit;
+    }
+    if is(FENCED) || facts.fatal {
+        return Action::RecreateProducer;
+    }
+    if call == Call::Commit {
+        if facts.flush {
+            // The flush before EndTxn failed: nothing was committed, abort is safe.
+            return Action::Abort;
+        }
+        if is(TIMEOUT) {
+            // librdkafka calls a timed-out commit retriable, but the EndTxn may have reached
+            // the coordinator: what was committed is read back from the broker instead.
+            return Action::UnknownOutcome;
+        }
+    }
+    if facts.abortable {
+        return Action::Abort;
+    }
+    if facts.retriable || is(TRANSIENT) || is(TIMEOUT) {
+        return Action::Retry;
+    }
+    match call {
+        // An abort that fails for an unknown reason leaves the producer in an unknown state.
+        Call::Abort | Call::Begin | Call::Init => Action::RecreateProducer,
+        Call::Commit => Action::UnknownOutcome,
+        Call::Produce | Call::SendOffsets => Action::Abort,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(code: Code, retriable: bool, abortable: bool, fatal: bool) -> Facts {
+        Facts {
+            code: Some(code),
+            retriable,
+            abortable,
+            fatal,
+            flush: false,
+        }
+    }
+
+    #[test]
+    fn every_unrecoverable_code_exits_for_every_call() {
+        for &code in UNRECOVERABLE {
+            for call in [
+                Call::Init,
+                Call::Produce,
+                Call::SendOffsets,
+                Call::Commit,
+                Call::Abort,
+            ] {
+                // Even when librdkafka also flags them abortable or retriable.
+                assert_eq!(
+                    classify(call, &flags(code, true, true, false)),
+                    Action::Exit,
+                    "{code:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn fenced_codes_recreate_the_producer() {
+        for &code in FENCED {
+            for call in [
+                Call::Init,
+                Call::Produce,
+                Call::SendOffsets,
+                Call::Commit,
+                Call::Abort,
+            ] {
+                assert_eq!(
+                    classify(call, &Facts::code(code)),
+                    Action::RecreateProducer,
+                    "{code:?}"
+                );
+            }
+        }
+        // The fatal flag alone is enough, whatever the code.
+        let f = flags(Code::InvalidTransactionalState, false, false, true);
+        assert_eq!(classify(Call::Commit, &f), Action::RecreateProducer);
+    }
+
+    #[test]
+    fn producer_fenced_wins_over_abortable_flag() {
+        let f = flags(Code::ProducerFenced, false, true, false);
+        assert_eq!(classify(Call::SendOffsets, &f), Action::RecreateProducer);
+    }
+
+    #[test]
+    fn commit_timeout_is_unknown_outcome_not_retry() {
+        for &code in TIMEOUT {
+            // librdkafka flags a timed-out commit as retriable; we still must not retry blindly.
+            let f = flags(code, true, false, false);
+            assert_eq!(
+                classify(Call::Commit, &f),
+                Action::UnknownOutcome,
+                "{code:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn timeouts_elsewhere_are_retried() {
+        for &code in TIMEOUT {
+            for call in [Call::Init, Call::SendOffsets, Call::Abort] {
+                assert_eq!(
+                    classify(call, &Facts::code(code)),
+                    Action::Retry,
+                    "{code:?} {call:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn failed_flush_before_commit_aborts() {
+        let f = Facts {
+            flush: true,
+            ..Facts::code(Code::OperationTimedOut)
+        };
+        assert_eq!(classify(Call::Commit, &f), Action::Abort);
+    }
+
+    #[test]
+    fn abortable_flag_aborts() {
+        // e.g. a delivery failure inside the transaction surfacing at commit.
+        let f = flags(Code::MessageTimedOut, false, true, false);
+        assert_eq!(classify(Call::Commit, &f), Action::Abort);
+        let f = flags(Code::IllegalGeneration, false, true, false);
+        assert_eq!(classify(Call::SendOffsets, &f), Action::Abort);
+        let f = flags(Code::UnknownMemberId, false, true, false);
+        assert_eq!(classify(Call::SendOffsets, &f), Action::Abort);
+        let f = flags(Code::UnknownProducerId, false, true, false);
+        assert_eq!(classify(Call::Commit, &f), Action::Abort);
+    }
+
+    #[test]
+    fn transient_codes_retry() {
+        for &code in TRANSIENT {
+            for call in [Call::Init, Call::SendOffsets, Call::Commit, Call::Abort] {
+                assert_eq!(
+                    classify(call, &Facts::code(code)),
+                    Action::Retry,
+                    "{code:?} {call:?}"
+                );
+            }
+        }
+        // librdkafka's flag alone is enough too.
+        let f = flags(Code::RebalanceInProgress, true, false, false);
+        assert_eq!(classify(Call::SendOffsets, &f), Action::Retry);
+    }
+
+    #[test]
+    fn unknown_errors_fall_back_per_call() {
+        let f = Facts::code(Code::InvalidTransactionalState);
+        assert_eq!(classify(Call::Commit, &f), Action::UnknownOutcome);
+        assert_eq!(classify(Call::Abort, &f), Action::RecreateProducer);
+        assert_eq!(classify(Call::Begin, &f), Action::RecreateProducer);
+        assert_eq!(classify(Call::Init, &f), Action::RecreateProducer);
+        assert_eq!(classify(Call::Produce, &f), Action::Abort);
+        assert_eq!(classify(Call::SendOffsets, &f), Action::Abort);
+        let none = Facts {
+            code: None,
+            retriable: false,
+            abortable: false,
+            fatal: false,
+            flush: false,
+        };
+        assert_eq!(classify(Call::Commit, &none), Action::UnknownOutcome);
+    }
+
+    #[test]
+    fn facts_read_plain_kafka_errors() {
+        let e = KafkaError::Flush(Code::OperationTimedOut);
+        let f = Facts::of(&e);
+        assert!(f.flush);
+        assert_eq!(f.code, Some(Code::OperationTimedOut));
+        let e = KafkaError::MessageProduction(Code::QueueFull);
+        assert_eq!(Facts::of(&e).code, Some(Code::QueueFull));
+        assert!(!Facts::of(&e).flush);
+    }
+}

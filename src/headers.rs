@@ -1,0 +1,188 @@
+//! Headers exactly writes: the lineage of every output, and the reason of every DLQ record.
+//!
+//! The lineage header ties each output to the input record it came from, so that an audit can
+//! match outputs to inputs one for one: `exactly.lineage = <topic>/<partition>/<offset>/<index>`,
+//! where `index` numbers the outputs of one input from 0. Topic names cannot contain `/`.
+
+use rdkafka::message::{Header, OwnedHeaders};
+
+use crate::transform::{InputRecord, OutputHeaders, TransformError};
+
+/// Source topic, partition, offset and output index of a record.
+pub const LINEAGE: &str = "exactly.lineage";
+/// Why a record is in the DLQ: a [`crate::transform::Reason`] name.
+pub const ERROR_REASON: &str = "exactly.error.reason";
+/// The error message, for people.
+pub const ERROR_MESSAGE: &str = "exactly.error.message";
+/// Topic the DLQ record was read from.
+pub const SOURCE_TOPIC: &str = "exactly.source.topic";
+/// Partition the DLQ record was read from.
+pub const SOURCE_PARTITION: &str = "exactly.source.partition";
+/// Offset the DLQ record was read from.
+pub const SOURCE_OFFSET: &str = "exactly.source.offset";
+
+/// The lineage value of output `index` of `input`.
+pub fn lineage(input: &InputRecord<'_>, index: usize) -> String {
+    format!(
+        "{}/{}/{}/{}",
+        input.topic, input.partition, input.offset, index
+    )
+}
+
+/// Parses a lineage value back into (topic, partition, offset, index).
+pub fn parse_lineage(value: &[u8]) -> Option<(String, i32, i64, usize)> {
+    let s = std::str::from_utf8(value).ok()?;
+    let mut parts = s.rsplitn(4, '/');
+    let index = parts.next()?.parse().ok()?;
+    let offset = parts.next()?.parse().ok()?;
+    let partition = parts.next()?.parse().ok()?;
+    let topic = parts.next()?.to_string();
+    Some((topic, partition, offset, index))
+}
+
+/// Headers of an output: the transform's choice, with the input's own lineage header replaced
+/// by ours (a chain of pipelines keeps one lineage: the nearest).
+pub fn output(
+    input: &InputRecord<'_>,
+    chosen: &OutputHeaders,
+    lineage: Option<&str>,
+) -> OwnedHeaders {
+    let mut h = match chosen {
+        OutputHeaders::Input => copy_input(input),
+        OutputHeaders::Set(set) => {
+            let mut h = OwnedHeaders::new_with_capacity(set.len() + 1);
+            for (key, value) in set.iter().filter(|(k, _)| k != LINEAGE) {
+                h = h.insert(Header {
+                    key,
+                    value: value.as_deref(),
+                });
+            }
+            h
+        }
+    };
+    if let Some(l) = lineage {
+        h = h.insert(Header {
+            key: LINEAGE,
+            value: Some(l),
+        });
+    }
+    h
+}
+
+/// Headers of a DLQ record: the input's, then the reason and where the record came from.
+pub fn dlq(input: &InputRecord<'_>, err: &TransformError, lineage: Option<&str>) -> OwnedHeaders {
+    let mut h = copy_input(input)
+        .insert(Header {
+            key: ERROR_REASON,
+            value: Some(err.reason.as_str()),
+        })
+        .insert(Header {
+            key: ERROR_MESSAGE,
+            value: Some(&err.message),
+        })
+        .insert(Header {
+            key: SOURCE_TOPIC,
+            value: Some(input.topic),
+        })
+        .insert(Header {
+            key: SOURCE_PARTITION,
+            value: Some(&input.partition.to_string()),
+        })
+        .insert(Header {
+            key: SOURCE_OFFSET,
+            value: Some(&input.offset.to_string()),
+        });
+    if let Some(l) = lineage {
+        h = h.insert(Header {
+            key: LINEAGE,
+            value: Some(l),
+        });
+    }
+    h
+}
+
+fn copy_input(input: &InputRecord<'_>) -> OwnedHeaders {
+    let mut h = OwnedHeaders::new_with_capacity(input.headers.len() + 1);
+    for (key, value) in input.headers.iter().filter(|(k, _)| *k != LINEAGE) {
+        h = h.insert(Header { key, value: *value });
+    }
+    h
+}
+
+/// Bytes that headers add to a record, as librdkafka counts them against message.max.bytes.
+pub fn size(h: &OwnedHeaders) -> usize {
+    use rdkafka::message::Headers;
+    h.iter()
+        .map(|x| x.key.len() + x.value.map_or(0, <[u8]>::len))
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transform::Reason;
+    use rdkafka::message::Headers;
+
+    fn input() -> InputRecord<'static> {
+        InputRecord {
+            topic: "orders.v1",
+            partition: 3,
+            offset: 1234,
+            timestamp: None,
+            key: None,
+            value: Some(b"x"),
+            headers: vec![("trace", Some(b"abc")), (LINEAGE, Some(b"up/0/1/0"))],
+        }
+    }
+
+    fn pairs(h: &OwnedHeaders) -> Vec<(String, Option<String>)> {
+        h.iter()
+            .map(|x| {
+                (
+                    x.key.to_string(),
+                    x.value.map(|v| String::from_utf8_lossy(v).into_owned()),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn lineage_round_trips() {
+        let l = lineage(&input(), 2);
+        assert_eq!(l, "orders.v1/3/1234/2");
+        assert_eq!(
+            parse_lineage(l.as_bytes()),
+            Some(("orders.v1".into(), 3, 1234, 2))
+        );
+        assert_eq!(parse_lineage(b"nope"), None);
+    }
+
+    #[test]
+    fn output_replaces_upstream_lineage() {
+        let h = output(&input(), &OutputHeaders::Input, Some("orders.v1/3/1234/0"));
+        assert_eq!(
+            pairs(&h),
+            [
+                ("trace".into(), Some("abc".into())),
+                (LINEAGE.into(), Some("orders.v1/3/1234/0".into()))
+            ]
+        );
+        let h = output(&input(), &OutputHeaders::Input, None);
+        assert_eq!(pairs(&h), [("trace".into(), Some("abc".into()))]);
+    }
+
+    #[test]
+    fn dlq_headers_carry_reason_and_source() {
+        let e = TransformError::new(Reason::NotJson, "value is not JSON");
+        let h = dlq(&input(), &e, Some("orders.v1/3/1234/0"));
+        let p = pairs(&h);
+        let get = |k: &str| p.iter().find(|(n, _)| n == k).and_then(|(_, v)| v.clone());
+        assert_eq!(get(ERROR_REASON).as_deref(), Some("not_json"));
+        assert_eq!(get(ERROR_MESSAGE).as_deref(), Some("value is not JSON"));
+        assert_eq!(get(SOURCE_TOPIC).as_deref(), Some("orders.v1"));
+        assert_eq!(get(SOURCE_PARTITION).as_deref(), Some("3"));
+        assert_eq!(get(SOURCE_OFFSET).as_deref(), Some("1234"));
+        assert_eq!(get("trace").as_deref(), Some("abc"));
+        assert_eq!(p.iter().filter(|(n, _)| n == LINEAGE).count(), 1);
+    }
+}

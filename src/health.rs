@@ -1,0 +1,149 @@
+//! Liveness of the pipeline loop, watched from outside it.
+//!
+//! librdkafka's transaction calls block the loop thread. The loop records a heartbeat on every
+//! turn and names each blocking call while it is in it; [`Health::stalled`] tells from another
+//! thread whether the loop has been stuck longer than a bound, and in what. The watchdog logs
+//! it; the HTTP health endpoint (`/livez`) will answer from it.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+/// Shared between the loop (writer) and its watchers (readers).
+#[derive(Debug)]
+pub struct Health {
+    epoch: Instant,
+    last_beat_ms: AtomicU64,
+    call: Mutex<Option<(&'static str, Instant)>>,
+    ready: AtomicBool,
+}
+
+/// Clears the current call when dropped.
+pub struct InCall<'a>(&'a Health);
+
+impl Drop for InCall<'_> {
+    fn drop(&mut self) {
+        *self.0.call.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.0.beat();
+    }
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Health {
+            epoch: Instant::now(),
+            last_beat_ms: AtomicU64::new(0),
+            call: Mutex::new(None),
+            ready: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Health {
+    /// The loop is alive now.
+    pub fn beat(&self) {
+        let ms = self.epoch.elapsed().as_millis() as u64;
+        self.last_beat_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The loop enters a blocking call named `name` until the guard drops.
+    pub fn in_call(&self, name: &'static str) -> InCall<'_> {
+        *self.call.lock().unwrap_or_else(|p| p.into_inner()) = Some((name, Instant::now()));
+        self.beat();
+        InCall(self)
+    }
+
+    /// Initialised and consuming (true), or starting / shutting down (false).
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
+    }
+
+    /// See [`Health::set_ready`].
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// `Some(description)` when the loop has not moved for longer than `bound`.
+    pub fn stalled(&self, bound: Duration) -> Option<String> {
+        self.stalled_at(Instant::now(), bound)
+    }
+
+    fn stalled_at(&self, now: Instant, bound: Duration) -> Option<String> {
+        let last = self.epoch + Duration::from_millis(self.last_beat_ms.load(Ordering::Relaxed));
+        let quiet = now.saturating_duration_since(last);
+        if quiet <= bound {
+            return None;
+        }
+        let call = *self.call.lock().unwrap_or_else(|p| p.into_inner());
+        Some(match call {
+            Some((name, since)) => format!(
+                "pipeline loop stuck in {name} for {:.0?}",
+                now.saturating_duration_since(since)
+            ),
+            None => format!("pipeline loop has not turned for {quiet:.0?}"),
+        })
+    }
+
+    /// Logs when the loop stalls and when it recovers, until `stop` is cancelled.
+    pub async fn watch(self: std::sync::Arc<Self>, bound: Duration, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut stalled = false;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            match self.stalled(bound) {
+                Some(what) if !stalled => {
+                    tracing::error!(bound = ?bound, "{what}");
+                    stalled = true;
+                }
+                None if stalled => {
+                    tracing::info!("pipeline loop moving again");
+                    stalled = false;
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fresh_beat_is_not_stalled() {
+        let h = Health::default();
+        h.beat();
+        assert_eq!(h.stalled(Duration::from_secs(5)), None);
+    }
+
+    #[test]
+    fn a_long_call_is_reported_by_name() {
+        let h = Health::default();
+        let _g = h.in_call("commit_transaction");
+        let later = Instant::now() + Duration::from_secs(30);
+        let s = h.stalled_at(later, Duration::from_secs(10)).unwrap();
+        assert!(s.contains("commit_transaction"), "{s}");
+    }
+
+    #[test]
+    fn leaving_the_call_clears_it() {
+        let h = Health::default();
+        drop(h.in_call("abort_transaction"));
+        let later = Instant::now() + Duration::from_secs(30);
+        let s = h.stalled_at(later, Duration::from_secs(10)).unwrap();
+        assert!(s.contains("has not turned"), "{s}");
+    }
+
+    #[test]
+    fn readiness_flag() {
+        let h = Health::default();
+        assert!(!h.is_ready());
+        h.set_ready(true);
+        assert!(h.is_ready());
+    }
+}

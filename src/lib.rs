@@ -1,0 +1,81 @@
+//! exactly: Kafka topics to Kafka topics through a transform, exactly once.
+//!
+//! Output records and the consumer group's offsets are written in one Kafka transaction, so a
+//! crash, restart or rebalance can neither lose a record (offsets committed before outputs) nor
+//! duplicate one (outputs written before offsets).
+//!
+//! # Layout
+//!
+//! - [`config`]: the command line and `EXACTLY_…` environment, validated before anything runs.
+//! - [`pipeline`]: the loop. A record is **read** by `poll` in `Pipeline::run_loop`,
+//!   **transformed** in `Pipeline::process`, **written** through [`txn::TxnDriver::send`], and
+//!   **committed** with its offsets by [`txn::TxnDriver::commit`].
+//! - [`txn`]: the transaction driver: begin, send, send offsets, commit, abort, recreate the
+//!   producer, and the rewind an abort leaves pending.
+//! - [`error`]: error types, and [`error::classify`], the one table that says what a failed
+//!   Kafka call means (retry, abort and rewind, unknown outcome, recreate, exit).
+//! - [`kafka`]: client settings, and the consumer context whose rebalance callback commits or
+//!   aborts before partitions move.
+//! - [`transform`]: pure record → records functions: passthrough and jq (jaq).
+//! - [`headers`]: the lineage header on every output and the reason headers on DLQ records.
+//! - [`health`]: heartbeat of the loop and the watchdog that reports a stuck call.
+//! - [`telemetry`]: logging (text or JSON).
+//!
+//! [`run`] ties them together; `main.rs` only parses, installs signal handling and calls it.
+
+pub mod config;
+pub mod error;
+pub mod headers;
+pub mod health;
+pub mod kafka;
+pub mod pipeline;
+pub mod telemetry;
+pub mod transform;
+pub mod txn;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::error::Error;
+use crate::health::Health;
+use crate::transform::{Limits, Transform};
+
+/// Stack of the loop thread: jq programs and JSON values recurse.
+const LOOP_STACK: usize = 64 << 20;
+
+/// Runs the pipeline until `shutdown` is cancelled or an unrecoverable error occurs.
+///
+/// The loop runs on a thread of its own, since librdkafka's calls block; the async side only
+/// watches it. Cancelling `shutdown` makes the loop commit what is open and leave the group.
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
+    let limits = Limits {
+        max_output_bytes: config.max_output_bytes,
+        max_outputs: config.max_outputs_per_record,
+    };
+    // Compiled before any client exists: a bad program fails start-up with jaq's message.
+    let transform = Transform::new(&config.transform, limits)?;
+    let health = Arc::new(Health::default());
+    let stop_watching = CancellationToken::new();
+    // The longest a healthy loop blocks is one transactional call, bounded by the timeout.
+    let bound = config.transaction_timeout + Duration::from_secs(15);
+    tokio::spawn(health.clone().watch(bound, stop_watching.clone()));
+
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let loop_health = health.clone();
+    std::thread::Builder::new()
+        .name("exactly-loop".into())
+        .stack_size(LOOP_STACK)
+        .spawn(move || {
+            let result = pipeline::run(&config, transform, loop_health, shutdown);
+            let _ = tx.send(result);
+        })
+        .map_err(|e| Error::Startup(format!("cannot start the loop thread: {e}")))?;
+    let result = rx
+        .await
+        .unwrap_or_else(|_| Err(Error::Startup("the loop thread panicked".into())));
+    stop_watching.cancel();
+    result
+}

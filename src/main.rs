@@ -1,0 +1,95 @@
+//! `exactly`: parse the configuration, start logging, handle signals, run.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
+
+use exactly::config::{Cli, Command};
+use exactly::error::Error;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let Command::Run(args) = cli.command;
+    exactly::telemetry::init(args.log_format, &args.log_level);
+    let config = match args.validate() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async_main(config))
+}
+
+async fn async_main(config: exactly::config::Config) -> ExitCode {
+    let grace = config.shutdown_grace;
+    let shutdown = CancellationToken::new();
+    let mut run = tokio::spawn(exactly::run(config, shutdown.clone()));
+    let finished = tokio::select! {
+        // Biased: if the run has already ended, report that rather than a late signal.
+        biased;
+        r = &mut run => Some(r),
+        s = signal() => {
+            info!(signal = s, "shutting down: committing the open transaction and leaving the group");
+            shutdown.cancel();
+            None
+        }
+    };
+    let result = match finished {
+        Some(r) => r,
+        None => match tokio::time::timeout(grace, &mut run).await {
+            Ok(r) => r,
+            Err(_) => {
+                error!(
+                    ?grace,
+                    "shutdown did not finish within the grace period; exiting hard"
+                );
+                return ExitCode::from(3);
+            }
+        },
+    };
+    match result {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(e)) => {
+            error!("{e}");
+            eprintln!("error: {e}");
+            ExitCode::from(match e {
+                Error::Config(_) | Error::Jq(_) => 2,
+                _ => 1,
+            })
+        }
+        Err(join) => {
+            error!(error = %join, "the pipeline task failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT, with the signal's name.
+async fn signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handling the process can still be killed; never resolve.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}

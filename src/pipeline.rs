@@ -1,0 +1,438 @@
+//! The consume-transform-produce loop.
+//!
+//! One thread runs it, because librdkafka's consumer poll and transaction calls block. Each
+//! turn: poll one record (rebalance callbacks run inside poll and settle the open
+//! transaction); rewind first if an abort left one pending; transform the record; send its
+//! outputs (or its DLQ record) inside the open transaction; count its offset; commit when the
+//! interval, record or byte bound is reached. On shutdown: commit, then leave the group.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::Message;
+use rdkafka::consumer::Consumer;
+use rdkafka::error::KafkaError;
+use rdkafka::message::{BorrowedMessage, Headers};
+use rdkafka::producer::{BaseRecord, Producer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::config::{Config, Input, OnError};
+use crate::error::{Action, Call, Error, Facts, classify};
+use crate::headers;
+use crate::health::Health;
+use crate::kafka::{self, PipelineConsumer, PipelineContext};
+use crate::transform::{InputRecord, Reason, Transform, TransformError};
+use crate::txn::{Outcome, SendError, Tp, TxnDriver};
+
+/// Longest single poll: bounds how late a commit or a shutdown is noticed.
+const MAX_POLL: Duration = Duration::from_millis(100);
+
+/// Runs the pipeline until `shutdown` is cancelled (Ok) or an unrecoverable error (Err).
+pub fn run(
+    config: &Config,
+    transform: Transform,
+    health: Arc<Health>,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    let driver = TxnDriver::start(
+        kafka::producer_config(config),
+        config.transaction_timeout,
+        config.startup_timeout,
+        health.clone(),
+        shutdown.clone(),
+        config.test_abort_every,
+    )?;
+    let max_message_bytes = check_topics(&driver, config)?;
+    let consumer: PipelineConsumer = kafka::consumer_config(config)
+        .create_with_context(PipelineContext::new(driver))
+        .map_err(|e| Error::Config(format!("--consumer-config: {e}")))?;
+    match &config.input {
+        Input::Topics(ts) => {
+            let ts: Vec<&str> = ts.iter().map(String::as_str).collect();
+            consumer.subscribe(&ts)
+        }
+        // librdkafka treats a subscription starting with ^ as a regex.
+        Input::Pattern(p) => {
+            let p = if p.starts_with('^') {
+                p.clone()
+            } else {
+                format!("^{p}")
+            };
+            consumer.subscribe(&[&p])
+        }
+    }
+    .map_err(|e| Error::Config(format!("subscribing to the input: {e}")))?;
+    info!(
+        transactional_id = %config.transactional_id,
+        group = %config.group_id,
+        output = %config.output_topic,
+        "exactly running"
+    );
+    health.set_ready(true);
+
+    let mut pipeline = Pipeline {
+        config,
+        transform,
+        consumer: &consumer,
+        max_message_bytes,
+    };
+    let result = pipeline.run_loop(&health, &shutdown);
+    health.set_ready(false);
+    let result = result.and_then(|()| pipeline.finish(&shutdown));
+    if result.is_err() {
+        // Nothing of an unfinished transaction may become visible.
+        consumer.context().driver().abort_now("shutdown_on_error");
+    }
+    drop(pipeline);
+    // Dropping the consumer closes it: it leaves the group (unless static) so the partitions
+    // move at once. The revoke callback finds no open transaction.
+    drop(consumer);
+    info!("exactly stopped");
+    result
+}
+
+struct Pipeline<'c> {
+    config: &'c Config,
+    transform: Transform,
+    consumer: &'c PipelineConsumer,
+    /// The producer's message.max.bytes: larger outputs are transform errors, not aborts.
+    max_message_bytes: usize,
+}
+
+impl Pipeline<'_> {
+    fn run_loop(&mut self, health: &Health, shutdown: &CancellationToken) -> Result<(), Error> {
+        let c = self.config;
+        while !shutdown.is_cancelled() {
+            health.beat();
+            let wait = self.driver_due_in().unwrap_or(MAX_POLL).min(MAX_POLL);
+            let polled = self.consumer.poll(wait);
+            {
+                let mut driver = self.consumer.context().driver();
+                if let Some(e) = driver.take_fatal() {
+                    return Err(e);
+                }
+            }
+            if self.rewind_if_pending()? {
+                // The polled record (if any) is from before the rewind point: it comes again.
+                continue;
+            }
+            match polled {
+                None => {}
+                Some(Ok(msg)) => self.process(&msg)?,
+                Some(Err(e)) => self.consumer_error(e)?,
+            }
+            let mut driver = self.consumer.context().driver();
+            if driver.should_commit(
+                c.commit_interval,
+                c.max_records_per_txn,
+                c.max_bytes_per_txn,
+            ) {
+                let gm = self.group_metadata()?;
+                let outcome = driver.commit(&gm)?;
+                if let Outcome::Committed { records } = outcome {
+                    debug!(records, "transaction committed");
+                }
+                drop(driver);
+                self.rewind_if_pending()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits what is open, within the shutdown grace.
+    fn finish(&mut self, shutdown: &CancellationToken) -> Result<(), Error> {
+        debug_assert!(shutdown.is_cancelled());
+        let deadline = Instant::now() + self.config.shutdown_grace.saturating_sub(MAX_POLL * 10);
+        let gm = self.group_metadata()?;
+        let mut driver = self.consumer.context().driver();
+        driver.set_deadline(deadline);
+        match driver.commit(&gm)? {
+            Outcome::Committed { records } => info!(records, "final transaction committed"),
+            Outcome::Aborted => {
+                warn!("final transaction aborted; its records are read again next time")
+            }
+            Outcome::Empty => {}
+        }
+        Ok(())
+    }
+
+    fn driver_due_in(&self) -> Option<Duration> {
+        self.consumer
+            .context()
+            .driver()
+            .due_in(self.config.commit_interval)
+    }
+
+    fn group_metadata(&self) -> Result<rdkafka::consumer::ConsumerGroupMetadata, Error> {
+        self.consumer
+            .group_metadata()
+            .ok_or_else(|| Error::Startup("the consumer has no group metadata".into()))
+    }
+
+    fn process(&mut self, msg: &BorrowedMessage<'_>) -> Result<(), Error> {
+        let input = input_record(msg);
+        let bytes = (input.key.map_or(0, <[u8]>::len) + input.value.map_or(0, <[u8]>::len)) as u64;
+        let mut driver = self.consumer.context().driver();
+        if !driver.begin()? {
+            // The producer was replaced; the record comes again after the rewind.
+            return Ok(());
+        }
+        let outputs = self.transform.apply(&input).and_then(|outs| {
+            // Refuse the record whole before any of its outputs is sent: a transaction cannot
+            // take back half a fan-out.
+            let lineage = self.config.lineage;
+            let prepared: Vec<_> = outs
+                .into_iter()
+                .enumerate()
+                .map(|(i, o)| {
+                    let l = lineage.then(|| headers::lineage(&input, i));
+                    let h = headers::output(&input, &o.headers, l.as_deref());
+                    (o, h)
+                })
+                .collect();
+            for (o, h) in &prepared {
+                let size = o.key.as_ref().map_or(0, |k| k.len())
+                    + o.value.as_ref().map_or(0, |v| v.len())
+                    + headers::size(h);
+                if size > self.max_message_bytes {
+                    return Err(TransformError::new(
+                        Reason::OutputTooLarge,
+                        format!(
+                            "output of {size} bytes exceeds the producer's message.max.bytes {}",
+                            self.max_message_bytes
+                        ),
+                    ));
+                }
+            }
+            Ok(prepared)
+        });
+        let sent = match outputs {
+            Ok(prepared) => {
+                let mut sent = Ok(());
+                for (o, h) in prepared {
+                    let topic = o.topic.as_deref().unwrap_or(&self.config.output_topic);
+                    let mut rec = BaseRecord::<[u8], [u8]>::to(topic).headers(h);
+                    if let Some(k) = o.key.as_deref() {
+                        rec = rec.key(k);
+                    }
+                    if let Some(v) = o.value.as_deref() {
+                        rec = rec.payload(v);
+                    }
+                    if let Some(ts) = input.timestamp {
+                        rec = rec.timestamp(ts);
+                    }
+                    sent = driver.send(rec);
+                    if sent.is_err() {
+                        break;
+                    }
+                }
+                sent
+            }
+            Err(err) => match self.config.on_error {
+                OnError::Dlq => {
+                    warn!(
+                        topic = input.topic, partition = input.partition, offset = input.offset,
+                        reason = err.reason.as_str(), error = %err.message,
+                        "record to the dead-letter topic"
+                    );
+                    let l = self.config.lineage.then(|| headers::lineage(&input, 0));
+                    let mut rec = BaseRecord::<[u8], [u8]>::to(&self.config.dlq_topic)
+                        .headers(headers::dlq(&input, &err, l.as_deref()));
+                    if let Some(k) = input.key {
+                        rec = rec.key(k);
+                    }
+                    if let Some(v) = input.value {
+                        rec = rec.payload(v);
+                    }
+                    if let Some(ts) = input.timestamp {
+                        rec = rec.timestamp(ts);
+                    }
+                    driver.send(rec)
+                }
+                OnError::Skip => {
+                    warn!(
+                        topic = input.topic, partition = input.partition, offset = input.offset,
+                        reason = err.reason.as_str(), error = %err.message, "record skipped"
+                    );
+                    Ok(())
+                }
+                OnError::Fail => {
+                    driver.abort("record_failed")?;
+                    return Err(Error::RecordFailed(format!(
+                        "record {}/{}/{} cannot be transformed: {err}",
+                        input.topic, input.partition, input.offset
+                    )));
+                }
+            },
+        };
+        match sent {
+            Ok(()) => {
+                driver.consumed(input.topic, input.partition, input.offset, bytes);
+                Ok(())
+            }
+            // Rewound before the next record.
+            Err(SendError::Aborted) => Ok(()),
+            Err(SendError::Fatal(e)) => Err(e),
+            Err(SendError::TooLarge) => {
+                driver.abort("output_too_large")?;
+                Err(Error::RecordFailed(format!(
+                    "record {}/{}/{}: an output (or its DLQ copy) is larger than the producer \
+                     accepts; raise --producer-config message.max.bytes",
+                    input.topic, input.partition, input.offset
+                )))
+            }
+        }
+    }
+
+    fn consumer_error(&self, e: KafkaError) -> Result<(), Error> {
+        let facts = Facts::of(&e);
+        match e {
+            KafkaError::PartitionEOF(_) => Ok(()),
+            KafkaError::MessageConsumptionFatal(_) => Err(Error::Unrecoverable {
+                context: "consuming".into(),
+                source: e,
+            }),
+            _ if classify(Call::Produce, &facts) == Action::Exit => Err(Error::Unrecoverable {
+                context: "consuming".into(),
+                source: e,
+            }),
+            _ => {
+                warn!(error = %e, "consumer error");
+                Ok(())
+            }
+        }
+    }
+
+    /// Seeks every owned partition back to its committed offset, if an abort asked for it.
+    /// Returns whether it rewound.
+    fn rewind_if_pending(&self) -> Result<bool, Error> {
+        let Some(firsts) = self.consumer.context().driver().take_rewind() else {
+            return Ok(false);
+        };
+        rewind(self.consumer, &firsts, self.config.transaction_timeout)?;
+        let failures = self.consumer.context().driver().failures_in_a_row();
+        if failures > 1 {
+            // Aborts in a row (a broker outage, a poison output): do not spin.
+            let pause = Duration::from_millis(100 * u64::from(failures.min(50)));
+            std::thread::sleep(pause.min(Duration::from_secs(5)));
+        }
+        Ok(true)
+    }
+}
+
+/// Seeks each assigned partition to its committed offset (the broker's word, read after the
+/// aborted or unknown transaction was settled). A partition with no committed offset goes back
+/// to where the aborted transaction first read it.
+fn rewind(
+    consumer: &PipelineConsumer,
+    firsts: &HashMap<Tp, i64>,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let assignment = consumer.assignment().map_err(|e| Error::Unrecoverable {
+        context: "reading the assignment".into(),
+        source: e,
+    })?;
+    if assignment.count() == 0 {
+        return Ok(());
+    }
+    let mut backoff = Duration::from_millis(100);
+    let committed = loop {
+        match consumer.committed_offsets(assignment.clone(), timeout) {
+            Ok(c) => break c,
+            Err(e) => {
+                if classify(Call::SendOffsets, &Facts::of(&e)) == Action::Exit {
+                    return Err(Error::Unrecoverable {
+                        context: "reading committed offsets".into(),
+                        source: e,
+                    });
+                }
+                warn!(error = %e, "reading committed offsets failed; retrying");
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    };
+    let mut seek = TopicPartitionList::new();
+    for e in committed.elements() {
+        let target = match e.offset() {
+            Offset::Offset(o) => Some(o),
+            _ => firsts.get(&(e.topic().to_string(), e.partition())).copied(),
+        };
+        if let Some(o) = target {
+            let _ = seek.add_partition_offset(e.topic(), e.partition(), Offset::Offset(o));
+        }
+    }
+    if seek.count() == 0 {
+        return Ok(());
+    }
+    let result = consumer
+        .seek_partitions(seek, timeout)
+        .map_err(|e| Error::Unrecoverable {
+            context: "rewinding to the committed offsets".into(),
+            source: e,
+        })?;
+    for e in result.elements() {
+        if let Err(err) = e.error() {
+            error!(topic = e.topic(), partition = e.partition(), error = %err, "seek failed");
+            return Err(Error::Unrecoverable {
+                context: format!("rewinding {}[{}]", e.topic(), e.partition()),
+                source: err,
+            });
+        }
+    }
+    info!(partitions = %kafka::describe(&result), "rewound to the committed offsets");
+    Ok(())
+}
+
+/// Borrows a consumed message as an [`InputRecord`].
+fn input_record<'a>(msg: &'a BorrowedMessage<'a>) -> InputRecord<'a> {
+    let headers = msg
+        .headers()
+        .map(|h| h.iter().map(|x| (x.key, x.value)).collect())
+        .unwrap_or_default();
+    InputRecord {
+        topic: msg.topic(),
+        partition: msg.partition(),
+        offset: msg.offset(),
+        timestamp: msg.timestamp().to_millis(),
+        key: msg.key(),
+        value: msg.payload(),
+        headers,
+    }
+}
+
+/// The output (and DLQ) topics must exist; returns the producer's message.max.bytes.
+fn check_topics(driver: &TxnDriver, config: &Config) -> Result<usize, Error> {
+    let mut needed = vec![("--output-topic", config.output_topic.as_str())];
+    if config.on_error == OnError::Dlq {
+        needed.push(("--dlq-topic", config.dlq_topic.as_str()));
+    }
+    let client = driver.producer().client();
+    for (flag, topic) in needed {
+        let md = client
+            .fetch_metadata(Some(topic), config.startup_timeout)
+            .map_err(|e| Error::Startup(format!("{flag}: reading metadata of '{topic}': {e}")))?;
+        let missing = md
+            .topics()
+            .iter()
+            .all(|t| t.name() != topic || t.error().is_some());
+        if missing {
+            return Err(Error::Config(format!(
+                "{flag}: topic '{topic}' does not exist; create it first{}",
+                if flag == "--dlq-topic" {
+                    " (or choose --dlq-topic / --on-error)"
+                } else {
+                    ""
+                }
+            )));
+        }
+    }
+    let max = kafka::producer_config(config)
+        .get("message.max.bytes")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    Ok(max)
+}

@@ -1,0 +1,513 @@
+//! The jq transform, through the jaq crates (jaq-core 3).
+//!
+//! The program is compiled once. Each record's value is parsed as JSON and run through it; the
+//! record's metadata is there as `$key`, `$topic`, `$partition`, `$offset`, `$timestamp` and
+//! `$headers`. Each output becomes one record: its JSON text as the value (plain mode), or an
+//! envelope `{"key", "value", "topic", "headers"}` that says everything about the record.
+
+use std::borrow::Cow;
+
+use jaq_core::data::JustLut;
+use jaq_core::load::{self, Arena, File, Loader};
+use jaq_core::{Compiler, Ctx, Vars, unwrap_valr};
+use jaq_json::{Map, Val};
+
+use super::{InputRecord, Limits, OutputHeaders, OutputRecord, Reason, TransformError, check_size};
+
+/// Names of the variables a program sees, in the order their values are passed.
+const VARS: [&str; 6] = [
+    "$key",
+    "$topic",
+    "$partition",
+    "$offset",
+    "$timestamp",
+    "$headers",
+];
+
+/// JSON nested deeper than this is refused before parsing: the parser, the interpreter and the
+/// writer recurse, and a hostile record must not overflow the stack.
+const MAX_DEPTH: usize = 512;
+
+/// A compiled jq program.
+pub struct Jq {
+    filter: jaq_core::Filter<JustLut<Val>>,
+    envelope: bool,
+    limits: Limits,
+    pp: jaq_json::write::Pp,
+}
+
+impl Jq {
+    /// Compiles `code`; the error is jaq's message with a line and column.
+    pub fn compile(code: &str, envelope: bool, limits: Limits) -> Result<Jq, String> {
+        let defs = jaq_core::defs()
+            .chain(jaq_std::defs())
+            .chain(jaq_json::defs());
+        let funs = jaq_core::funs()
+            .chain(jaq_std::funs())
+            .chain(jaq_json::funs());
+        let arena = Arena::default();
+        let modules = Loader::new(defs)
+            .load(&arena, File { code, path: () })
+            .map_err(|errs| describe_load_errors(code, errs))?;
+        let filter = Compiler::default()
+            .with_funs(funs)
+            .with_global_vars(VARS)
+            .compile(modules)
+            .map_err(|errs| {
+                let msgs: Vec<String> = errs
+                    .into_iter()
+                    .flat_map(|(_, es)| es)
+                    .map(|(name, undef)| {
+                        format!(
+                            "undefined {} `{name}` at {}",
+                            undef.as_str(),
+                            at(code, name)
+                        )
+                    })
+                    .collect();
+                msgs.join("; ")
+            })?;
+        Ok(Jq {
+            filter,
+            envelope,
+            limits,
+            pp: Default::default(),
+        })
+    }
+
+    /// Runs the program over one record.
+    pub fn apply<'a>(
+        &self,
+        input: &InputRecord<'a>,
+    ) -> Result<Vec<OutputRecord<'a>>, TransformError> {
+        let value = match input.value {
+            // A tombstone is `null` to the program.
+            None => Val::Null,
+            Some(bytes) => parse_json(bytes)?,
+        };
+        let ctx = Ctx::<JustLut<Val>>::new(&self.filter.lut, Vars::new(variables(input)));
+        let mut outputs = Vec::new();
+        for result in self.filter.id.run((ctx, value)).map(unwrap_valr) {
+            if outputs.len() == self.limits.max_outputs {
+                return Err(TransformError::new(
+                    Reason::TooManyOutputs,
+                    format!(
+                        "more than --max-outputs-per-record {} outputs",
+                        self.limits.max_outputs
+                    ),
+                ));
+            }
+            let v = result.map_err(|e| TransformError::new(Reason::JqError, e.to_string()))?;
+            let out = if self.envelope {
+                self.open_envelope(input, v)?
+            } else {
+                self.plain(input, v)
+            };
+            let size =
+                out.key.as_ref().map_or(0, |k| k.len()) + out.value.as_ref().map_or(0, |v| v.len());
+            check_size(size, &self.limits)?;
+            outputs.push(out);
+        }
+        Ok(outputs)
+    }
+
+    fn to_json(&self, v: &Val) -> Vec<u8> {
+        let mut buf = Vec::new();
+        // Writing to a Vec cannot fail.
+        let _ = jaq_json::write::write(&mut buf, &self.pp, 0, v);
+        buf
+    }
+
+    fn plain<'a>(&self, input: &InputRecord<'a>, v: Val) -> OutputRecord<'a> {
+        OutputRecord {
+            topic: None,
+            key: input.key.map(Cow::Borrowed),
+            value: Some(Cow::Owned(self.to_json(&v))),
+            headers: OutputHeaders::Input,
+        }
+    }
+
+    fn open_envelope<'a>(
+        &self,
+        input: &InputRecord<'a>,
+        v: Val,
+    ) -> Result<OutputRecord<'a>, TransformError> {
+        let bad = |m: String| TransformError::new(Reason::BadEnvelope, m);
+        let Val::Obj(fields) = v else {
+            return Err(bad(format!(
+                "--envelope output must be an object, got {}",
+                self.show(&v)
+            )));
+        };
+        let mut out = OutputRecord {
+            topic: None,
+            key: input.key.map(Cow::Borrowed),
+            value: None,
+            headers: OutputHeaders::Input,
+        };
+        let mut has_value = false;
+        for (name, field) in fields.iter() {
+            match str_bytes(name) {
+                Some(b"key") => {
+                    out.key = match field {
+                        Val::Null => None,
+                        f => Some(Cow::Owned(
+                            str_bytes(f)
+                                .ok_or_else(|| bad("envelope key must be a string or null".into()))?
+                                .to_vec(),
+                        )),
+                    }
+                }
+                Some(b"value") => {
+                    has_value = true;
+                    out.value = match field {
+                        Val::Null => None,
+                        f => Some(Cow::Owned(self.to_json(f))),
+                    }
+                }
+                Some(b"topic") => {
+                    out.topic = match field {
+                        Val::Null => None,
+                        f => Some(topic_name(f).ok_or_else(|| {
+                            bad(format!(
+                                "envelope topic {} is not a valid topic name",
+                                self.show(f)
+                            ))
+                        })?),
+                    }
+                }
+                Some(b"headers") => {
+                    out.headers = OutputHeaders::Set(headers(field).ok_or_else(|| {
+                        bad("envelope headers must be an object of strings (or nulls)".into())
+                    })?)
+                }
+                _ => {
+                    return Err(bad(format!(
+                        "unknown envelope field {} (allowed: key, value, topic, headers)",
+                        self.show(name)
+                    )));
+                }
+            }
+        }
+        if !has_value {
+            return Err(bad(
+                "envelope has no value field (use null for a tombstone)".into(),
+            ));
+        }
+        Ok(out)
+    }
+
+    fn show(&self, v: &Val) -> String {
+        let mut s = String::from_utf8_lossy(&self.to_json(v)).into_owned();
+        if s.len() > 80 {
+            let cut = (0..=80).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0);
+            s.truncate(cut);
+            s.push('…');
+        }
+        s
+    }
+}
+
+/// Parses a record value, refusing pathological nesting first.
+fn parse_json(bytes: &[u8]) -> Result<Val, TransformError> {
+    if bytes.len() > MAX_DEPTH && nesting_exceeds(bytes, MAX_DEPTH) {
+        return Err(TransformError::new(
+            Reason::NotJson,
+            format!("JSON nested deeper than {MAX_DEPTH} levels"),
+        ));
+    }
+    jaq_json::read::parse_single(bytes)
+        .map_err(|e| TransformError::new(Reason::NotJson, format!("value is not JSON: {e}")))
+}
+
+/// True when brackets outside strings nest deeper than `limit`.
+fn nesting_exceeds(bytes: &[u8], limit: usize) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in bytes {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
+fn variables(input: &InputRecord<'_>) -> [Val; 6] {
+    let bytes_or_null = |b: Option<&[u8]>| b.map_or(Val::Null, |b| Val::utf8_str(b.to_vec()));
+    let mut headers = Map::default();
+    for (name, value) in &input.headers {
+        headers.insert(
+            Val::utf8_str(name.as_bytes().to_vec()),
+            bytes_or_null(*value),
+        );
+    }
+    [
+        bytes_or_null(input.key),
+        Val::utf8_str(input.topic.as_bytes().to_vec()),
+        Val::from(input.partition as isize),
+        Val::from(input.offset as isize),
+        input.timestamp.map_or(Val::Null, |t| Val::from(t as isize)),
+        Val::obj(headers),
+    ]
+}
+
+fn str_bytes(v: &Val) -> Option<&[u8]> {
+    match v {
+        Val::TStr(b) | Val::BStr(b) => Some(b.as_ref()),
+        _ => None,
+    }
+}
+
+fn topic_name(v: &Val) -> Option<String> {
+    let b = str_bytes(v)?;
+    let ok = !b.is_empty()
+        && b.len() <= 249
+        && b != b"."
+        && b != b".."
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || b"._-".contains(c));
+    ok.then(|| String::from_utf8_lossy(b).into_owned())
+}
+
+fn headers(v: &Val) -> Option<Vec<(String, Option<Vec<u8>>)>> {
+    let Val::Obj(map) = v else { return None };
+    map.iter()
+        .map(|(k, v)| {
+            let name = String::from_utf8(str_bytes(k)?.to_vec()).ok()?;
+            let value = match v {
+                Val::Null => None,
+                v => Some(str_bytes(v)?.to_vec()),
+            };
+            Some((name, value))
+        })
+        .collect()
+}
+
+/// "line L, column C" of `part` inside `code`.
+fn at(code: &str, part: &str) -> String {
+    let start = load::span(code, part).start;
+    let before = &code[..start];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    format!("line {line}, column {column}")
+}
+
+fn describe_load_errors(code: &str, errs: load::Errors<&str, ()>) -> String {
+    let mut msgs = Vec::new();
+    for (_, err) in errs {
+        match err {
+            load::Error::Io(es) => msgs.extend(es.into_iter().map(|(p, e)| format!("{p}: {e}"))),
+            load::Error::Lex(es) => msgs.extend(
+                es.into_iter()
+                    .map(|(exp, part)| format!("expected {} at {}", exp.as_str(), at(code, part))),
+            ),
+            load::Error::Parse(es) => msgs.extend(es.into_iter().map(|(exp, part)| {
+                let found = if part.is_empty() {
+                    "end of program".to_string()
+                } else {
+                    format!("`{part}`")
+                };
+                format!(
+                    "expected {}, found {found} at {}",
+                    exp.as_str(),
+                    at(code, part)
+                )
+            })),
+        }
+    }
+    msgs.join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transform::tests::record;
+
+    const LIMITS: Limits = Limits {
+        max_output_bytes: 1000,
+        max_outputs: 5,
+    };
+
+    fn jq(code: &str) -> Jq {
+        Jq::compile(code, false, LIMITS).unwrap()
+    }
+
+    fn values(out: &[OutputRecord<'_>]) -> Vec<String> {
+        out.iter()
+            .map(|o| String::from_utf8(o.value.as_deref().unwrap().to_vec()).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn maps_a_value() {
+        let out = jq("{id: .id, doubled: (.n * 2)}")
+            .apply(&record(Some(br#"{"id":"a","n":21,"x":true}"#)))
+            .unwrap();
+        assert_eq!(values(&out), [r#"{"id":"a","doubled":42}"#]);
+        assert_eq!(out[0].headers, OutputHeaders::Input);
+        assert_eq!(out[0].topic, None);
+        assert_eq!(out[0].key.as_deref(), Some(&b"k1"[..]));
+    }
+
+    #[test]
+    fn fan_out_and_filter() {
+        let j = jq(".items[]");
+        let out = j.apply(&record(Some(br#"{"items":[1,2,3]}"#))).unwrap();
+        assert_eq!(values(&out), ["1", "2", "3"]);
+        let out = jq("select(.keep)")
+            .apply(&record(Some(br#"{"keep":false}"#)))
+            .unwrap();
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn metadata_variables() {
+        let out = jq("[$key, $topic, $partition, $offset, $timestamp, $headers]")
+            .apply(&record(Some(b"null")))
+            .unwrap();
+        assert_eq!(
+            values(&out),
+            [r#"["k1","in",2,41,1700000000000,{"h":"v","empty":null}]"#]
+        );
+    }
+
+    #[test]
+    fn std_library_is_there() {
+        let out = jq(r#".ts / 1000 | todate"#)
+            .apply(&record(Some(br#"{"ts":0}"#)))
+            .unwrap();
+        assert_eq!(values(&out), [r#""1970-01-01T00:00:00Z""#]);
+        let out = jq("map(. + 1)").apply(&record(Some(b"[1,2]"))).unwrap();
+        assert_eq!(values(&out), ["[2,3]"]);
+    }
+
+    #[test]
+    fn not_json_is_an_error() {
+        for bad in [&b"not json"[..], b"{\"a\":", b"\xff\xfe", b"{} {}"] {
+            let e = jq(".").apply(&record(Some(bad))).unwrap_err();
+            assert_eq!(e.reason, Reason::NotJson, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn tombstone_is_null() {
+        let out = jq("{was: .}").apply(&record(None)).unwrap();
+        assert_eq!(values(&out), [r#"{"was":null}"#]);
+    }
+
+    #[test]
+    fn runtime_error_is_reported() {
+        let e = jq(".n + 1")
+            .apply(&record(Some(br#"{"n":"x"}"#)))
+            .unwrap_err();
+        assert_eq!(e.reason, Reason::JqError);
+        assert!(e.message.contains("cannot"), "{}", e.message);
+        let e = jq(r#"error("custom")"#)
+            .apply(&record(Some(b"1")))
+            .unwrap_err();
+        assert_eq!(e.reason, Reason::JqError);
+        assert!(e.message.contains("custom"), "{}", e.message);
+    }
+
+    #[test]
+    fn limits() {
+        let e = jq("range(10)").apply(&record(Some(b"1"))).unwrap_err();
+        assert_eq!(e.reason, Reason::TooManyOutputs);
+        // An endless generator stops at the limit instead of running forever.
+        let e = jq("repeat(1)").apply(&record(Some(b"1"))).unwrap_err();
+        assert_eq!(e.reason, Reason::TooManyOutputs);
+        let e = jq(r#"[range(600)] | tostring"#)
+            .apply(&record(Some(b"1")))
+            .unwrap_err();
+        assert_eq!(e.reason, Reason::OutputTooLarge);
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_not_a_crash() {
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        let e = jq(".").apply(&record(Some(deep.as_bytes()))).unwrap_err();
+        assert_eq!(e.reason, Reason::NotJson);
+        // Brackets inside strings do not count.
+        let s = format!(r#"{{"s":"{}"}}"#, "[".repeat(2000));
+        assert!(jq("1").apply(&record(Some(s.as_bytes()))).is_ok());
+    }
+
+    #[test]
+    fn compile_errors_say_where() {
+        let e = Jq::compile(".a | ", false, LIMITS).err().unwrap();
+        assert!(e.contains("expected"), "{e}");
+        let e = Jq::compile("{a: 1", false, LIMITS).err().unwrap();
+        assert!(e.contains("line 1"), "{e}");
+        let e = Jq::compile(".a |\n nosuchfn(1)", false, LIMITS)
+            .err()
+            .unwrap();
+        assert!(
+            e.contains("undefined filter `nosuchfn`") && e.contains("line 2"),
+            "{e}"
+        );
+        let e = Jq::compile("$nope", false, LIMITS).err().unwrap();
+        assert!(e.contains("undefined variable"), "{e}");
+    }
+
+    #[test]
+    fn envelope_routes_rekeys_and_sets_headers() {
+        let j = Jq::compile(
+            r#"{key: .id, value: {v: .n}, topic: "other", headers: {src: $topic}}, {value: null}"#,
+            true,
+            LIMITS,
+        )
+        .unwrap();
+        let out = j.apply(&record(Some(br#"{"id":"a","n":1}"#))).unwrap();
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].key.as_deref(), Some(&b"a"[..]));
+        assert_eq!(out[0].value.as_deref(), Some(&br#"{"v":1}"#[..]));
+        assert_eq!(out[0].topic.as_deref(), Some("other"));
+        assert_eq!(
+            out[0].headers,
+            OutputHeaders::Set(vec![("src".into(), Some(b"in".to_vec()))])
+        );
+        // Missing key keeps the input's; null value is a tombstone; headers default to input.
+        assert_eq!(out[1].key.as_deref(), Some(&b"k1"[..]));
+        assert_eq!(out[1].value, None);
+        assert_eq!(out[1].headers, OutputHeaders::Input);
+    }
+
+    #[test]
+    fn bad_envelopes() {
+        for code in [
+            "1",
+            r#"{key: 1, value: 2}"#,
+            r#"{value: 1, topic: "bad topic"}"#,
+            r#"{value: 1, headers: {a: 1}}"#,
+            r#"{value: 1, extra: 1}"#,
+            r#"{key: "k"}"#,
+        ] {
+            let j = Jq::compile(code, true, LIMITS).unwrap();
+            let e = j.apply(&record(Some(b"{}"))).unwrap_err();
+            assert_eq!(e.reason, Reason::BadEnvelope, "{code}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn nesting_scan() {
+        assert!(!nesting_exceeds(b"[[[]]]", 3));
+        assert!(nesting_exceeds(b"[[[[]]]]", 3));
+        assert!(!nesting_exceeds(br#"["\"[[[[", 1]"#, 1));
+    }
+}

@@ -1,0 +1,534 @@
+//! The transaction driver: begin, produce, send offsets, commit, abort, recreate, and what to
+//! rewind afterwards.
+//!
+//! Invariants:
+//! - a transaction is open exactly when at least one input record was consumed since the last
+//!   commit or abort (empty transactions are never begun, so never committed);
+//! - the offsets sent with a transaction are the next offsets of the partitions it consumed;
+//! - after any abort, recreation or unknown commit outcome, no transaction is open and a rewind
+//!   is pending; the loop performs it (seek to the broker's committed offsets) before it
+//!   processes another record.
+//!
+//! Every failed call goes through [`crate::error::classify`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::error::{Action, Call, Error, Facts, classify};
+use crate::health::Health;
+
+/// The transactional producer.
+pub type TxnProducer = ThreadedProducer<DeliveryContext>;
+
+/// (topic, partition).
+pub type Tp = (String, i32);
+
+/// Bounded retries of one retriable call before it counts as a failure of its class.
+const MAX_RETRIES: u32 = 5;
+/// Longest pause between producer re-creations.
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+/// Producer callbacks. In a transaction a failed delivery also makes the commit fail with an
+/// abortable error, so here it is only logged.
+pub struct DeliveryContext;
+
+impl ClientContext for DeliveryContext {}
+
+impl ProducerContext for DeliveryContext {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, _)) = result {
+            debug!(error = %e, "delivery failed; the transaction will abort");
+        }
+    }
+}
+
+/// What a commit attempt did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// No transaction was open.
+    Empty,
+    /// Committed, with this many input records.
+    Committed {
+        /// Input records in the transaction.
+        records: u64,
+    },
+    /// Aborted (or its outcome was unknown); a rewind is pending.
+    Aborted,
+}
+
+/// A send that did not go out.
+#[derive(Debug)]
+pub enum SendError {
+    /// librdkafka refuses the record as larger than message.max.bytes.
+    TooLarge,
+    /// The transaction was aborted because of the error; a rewind is pending.
+    Aborted,
+    /// Stop the process.
+    Fatal(Error),
+}
+
+/// One open transaction.
+#[derive(Debug)]
+struct OpenTxn {
+    began: Instant,
+    records: u64,
+    bytes: u64,
+    /// First offset consumed, and next offset to consume, per partition.
+    offsets: HashMap<Tp, (i64, i64)>,
+}
+
+/// Owns the producer and the state of the open transaction.
+pub struct TxnDriver {
+    config: ClientConfig,
+    producer: TxnProducer,
+    open: Option<OpenTxn>,
+    /// First offsets of an aborted transaction: a fallback for partitions without a committed
+    /// offset when rewinding.
+    rewind: Option<HashMap<Tp, i64>>,
+    call_timeout: Duration,
+    deadline: Option<Instant>,
+    health: Arc<Health>,
+    shutdown: CancellationToken,
+    failures_in_a_row: u32,
+    fatal: Option<Error>,
+    attempts: u64,
+    test_abort_every: Option<u64>,
+}
+
+impl TxnDriver {
+    /// Creates the producer and initialises transactions, retrying until `startup_timeout`.
+    pub fn start(
+        config: ClientConfig,
+        call_timeout: Duration,
+        startup_timeout: Duration,
+        health: Arc<Health>,
+        shutdown: CancellationToken,
+        test_abort_every: Option<u64>,
+    ) -> Result<TxnDriver, Error> {
+        let deadline = Instant::now() + startup_timeout;
+        let mut last: Option<KafkaError> = None;
+        let servers = config
+            .get("bootstrap.servers")
+            .unwrap_or_default()
+            .to_string();
+        while Instant::now() < deadline && !shutdown.is_cancelled() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match create_and_init(&config, left.min(call_timeout), &health) {
+                Ok(producer) => {
+                    return Ok(TxnDriver {
+                        config,
+                        producer,
+                        open: None,
+                        rewind: None,
+                        call_timeout,
+                        deadline: None,
+                        health,
+                        shutdown,
+                        failures_in_a_row: 0,
+                        fatal: None,
+                        attempts: 0,
+                        test_abort_every,
+                    });
+                }
+                Err(e) => {
+                    if classify(Call::Init, &Facts::of(&e)) == Action::Exit {
+                        return Err(Error::Unrecoverable {
+                            context: "initialising transactions".into(),
+                            source: e,
+                        });
+                    }
+                    warn!(error = %e, "init_transactions failed; retrying");
+                    last = Some(e);
+                    std::thread::sleep(Duration::from_millis(500).min(left));
+                }
+            }
+        }
+        Err(Error::Startup(format!(
+            "--bootstrap-servers {servers}: could not initialise transactions within {} \
+             (--startup-timeout){}",
+            humantime::format_duration(startup_timeout),
+            last.map(|e| format!(": {e}")).unwrap_or_default()
+        )))
+    }
+
+    /// The producer, for metadata look-ups.
+    pub fn producer(&self) -> &TxnProducer {
+        &self.producer
+    }
+
+    /// Bounds every later call by `deadline` (shutdown grace).
+    pub fn set_deadline(&mut self, deadline: Instant) {
+        self.deadline = Some(deadline);
+    }
+
+    /// A transaction is open.
+    pub fn is_open(&self) -> bool {
+        self.open.is_some()
+    }
+
+    /// Time until the open transaction must commit by `interval`, or `None` if none is open.
+    pub fn due_in(&self, interval: Duration) -> Option<Duration> {
+        self.open
+            .as_ref()
+            .map(|t| interval.saturating_sub(t.began.elapsed()))
+    }
+
+    /// The open transaction has reached one of its bounds.
+    pub fn should_commit(&self, interval: Duration, max_records: u64, max_bytes: u64) -> bool {
+        self.open.as_ref().is_some_and(|t| {
+            t.began.elapsed() >= interval || t.records >= max_records || t.bytes >= max_bytes
+        })
+    }
+
+    /// Takes the pending rewind, if any: the aborted transaction's first offsets.
+    pub fn take_rewind(&mut self) -> Option<HashMap<Tp, i64>> {
+        debug_assert!(
+            self.rewind.is_none() || self.open.is_none(),
+            "rewind with an open txn"
+        );
+        self.rewind.take()
+    }
+
+    /// A rewind is pending: no record may be processed before it.
+    pub fn rewind_pending(&self) -> bool {
+        self.rewind.is_some()
+    }
+
+    /// An error raised where it could not be returned (in a rebalance callback).
+    pub fn take_fatal(&mut self) -> Option<Error> {
+        self.fatal.take()
+    }
+
+    /// Consecutive aborts and recreations since the last commit.
+    pub fn failures_in_a_row(&self) -> u32 {
+        self.failures_in_a_row
+    }
+
+    fn timeout(&self) -> Duration {
+        match self.deadline {
+            Some(d) => self
+                .call_timeout
+                .min(d.saturating_duration_since(Instant::now())),
+            None => self.call_timeout,
+        }
+    }
+
+    /// Makes sure a transaction is open before the first output of a record is sent.
+    /// `Ok(false)`: the producer had to be recreated, a rewind is pending, nothing is open.
+    pub fn begin(&mut self) -> Result<bool, Error> {
+        if self.open.is_some() {
+            return Ok(true);
+        }
+        let result = {
+            let _g = self.health.in_call("begin_transaction");
+            self.producer.begin_transaction()
+        };
+        if let Err(e) = result {
+            if classify(Call::Begin, &Facts::of(&e)) == Action::Exit {
+                return Err(unrecoverable("beginning a transaction", e));
+            }
+            warn!(error = %e, "begin_transaction failed; recreating the producer");
+            self.fail_recreate("begin_failed")?;
+            return Ok(false);
+        }
+        self.open = Some(OpenTxn {
+            began: Instant::now(),
+            records: 0,
+            bytes: 0,
+            offsets: HashMap::new(),
+        });
+        Ok(true)
+    }
+
+    /// Counts one consumed record into the open transaction (which must be open).
+    pub fn consumed(&mut self, topic: &str, partition: i32, offset: i64, bytes: u64) {
+        let Some(t) = self.open.as_mut() else { return };
+        t.records += 1;
+        t.bytes += bytes;
+        match t.offsets.get_mut(&(topic.to_string(), partition)) {
+            Some(e) => e.1 = offset + 1,
+            None => {
+                t.offsets
+                    .insert((topic.to_string(), partition), (offset, offset + 1));
+            }
+        }
+    }
+
+    /// Sends one record inside the open transaction, waiting while the local queue is full.
+    pub fn send(&mut self, mut record: BaseRecord<'_, [u8], [u8]>) -> Result<(), SendError> {
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    record = r;
+                    self.health.beat();
+                    self.producer.poll(Duration::from_millis(10));
+                }
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge), _)) => {
+                    return Err(SendError::TooLarge);
+                }
+                Err((e, _)) => {
+                    return match classify(Call::Produce, &Facts::of(&e)) {
+                        Action::Exit => Err(SendError::Fatal(unrecoverable("producing", e))),
+                        Action::RecreateProducer => {
+                            warn!(error = %e, "produce failed; recreating the producer");
+                            self.fail_recreate("produce_fenced")
+                                .map_err(SendError::Fatal)?;
+                            Err(SendError::Aborted)
+                        }
+                        _ => {
+                            warn!(error = %e, "produce failed; aborting the transaction");
+                            self.abort("produce_failed").map_err(SendError::Fatal)?;
+                            Err(SendError::Aborted)
+                        }
+                    };
+                }
+            }
+        }
+    }
+
+    /// Commits the open transaction: offsets first, then EndTxn. Any failure ends in an abort
+    /// or a new producer, with a rewind pending; only unrecoverable errors are returned.
+    pub fn commit(&mut self, gm: &ConsumerGroupMetadata) -> Result<Outcome, Error> {
+        let Some(t) = self.open.as_ref() else {
+            return Ok(Outcome::Empty);
+        };
+        let records = t.records;
+        self.attempts += 1;
+        if self
+            .test_abort_every
+            .is_some_and(|n| self.attempts % n == 0)
+        {
+            info!("test switch: aborting this transaction instead of committing it");
+            self.abort("test_injected")?;
+            return Ok(Outcome::Aborted);
+        }
+        let mut tpl = TopicPartitionList::with_capacity(t.offsets.len());
+        for ((topic, partition), (_, next)) in &t.offsets {
+            tpl.add_partition_offset(topic, *partition, Offset::Offset(*next))
+                .map_err(|e| unrecoverable("building the offsets to commit", e))?;
+        }
+
+        let mut tries = 0;
+        loop {
+            let result = {
+                let _g = self.health.in_call("send_offsets_to_transaction");
+                self.producer
+                    .send_offsets_to_transaction(&tpl, gm, self.timeout())
+            };
+            let Err(e) = result else { break };
+            match classify(Call::SendOffsets, &Facts::of(&e)) {
+                Action::Retry if tries < MAX_RETRIES && !self.past_deadline() => {
+                    tries += 1;
+                    debug!(error = %e, tries, "send_offsets_to_transaction: retrying");
+                    std::thread::sleep(Duration::from_millis(50 * u64::from(tries)));
+                }
+                Action::Exit => return Err(unrecoverable("sending offsets", e)),
+                Action::RecreateProducer | Action::UnknownOutcome => {
+                    warn!(error = %e, "send_offsets_to_transaction failed; recreating the producer");
+                    self.fail_recreate("send_offsets_fenced")?;
+                    return Ok(Outcome::Aborted);
+                }
+                Action::Retry | Action::Abort => {
+                    warn!(error = %e, "send_offsets_to_transaction failed; aborting");
+                    self.abort("send_offsets_failed")?;
+                    return Ok(Outcome::Aborted);
+                }
+            }
+        }
+
+        let mut tries = 0;
+        loop {
+            let result = {
+                let _g = self.health.in_call("commit_transaction");
+                self.producer.commit_transaction(self.timeout())
+            };
+            let Err(e) = result else { break };
+            match classify(Call::Commit, &Facts::of(&e)) {
+                Action::Retry if tries < MAX_RETRIES && !self.past_deadline() => {
+                    tries += 1;
+                    debug!(error = %e, tries, "commit_transaction: retrying");
+                    std::thread::sleep(Duration::from_millis(50 * u64::from(tries)));
+                }
+                Action::Exit => return Err(unrecoverable("committing", e)),
+                Action::Abort => {
+                    warn!(error = %e, "commit_transaction failed; aborting");
+                    self.abort("commit_failed")?;
+                    return Ok(Outcome::Aborted);
+                }
+                Action::RecreateProducer => {
+                    warn!(error = %e, "commit_transaction: producer fenced; recreating it");
+                    self.fail_recreate("commit_fenced")?;
+                    return Ok(Outcome::Aborted);
+                }
+                Action::Retry | Action::UnknownOutcome => {
+                    // The commit may have happened. Abort if librdkafka still allows it, else a
+                    // new producer's init_transactions settles it; either way the rewind reads
+                    // what the broker holds as committed.
+                    warn!(error = %e, "commit outcome unknown; aborting or recreating, then \
+                                       rewinding to the broker's committed offsets");
+                    self.abort("commit_outcome_unknown")?;
+                    return Ok(Outcome::Aborted);
+                }
+            }
+        }
+        self.open = None;
+        self.failures_in_a_row = 0;
+        Ok(Outcome::Committed { records })
+    }
+
+    /// Aborts the open transaction (if any) and leaves a rewind pending. A failed abort
+    /// recreates the producer, whose init_transactions aborts it on the broker.
+    pub fn abort(&mut self, reason: &'static str) -> Result<(), Error> {
+        let Some(t) = self.open.take() else {
+            return Ok(());
+        };
+        self.failures_in_a_row += 1;
+        self.set_rewind(t);
+        let mut tries = 0;
+        loop {
+            let result = {
+                let _g = self.health.in_call("abort_transaction");
+                self.producer.abort_transaction(self.timeout())
+            };
+            let Err(e) = result else {
+                info!(reason, "transaction aborted");
+                return Ok(());
+            };
+            match classify(Call::Abort, &Facts::of(&e)) {
+                Action::Exit => return Err(unrecoverable("aborting", e)),
+                Action::Retry if tries < MAX_RETRIES && !self.past_deadline() => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(50 * u64::from(tries)));
+                }
+                _ => {
+                    warn!(error = %e, reason, "abort_transaction failed; recreating the producer");
+                    return self.recreate(reason);
+                }
+            }
+        }
+    }
+
+    /// Commit from a rebalance callback: errors are kept for the loop.
+    pub fn commit_now(&mut self, gm: &ConsumerGroupMetadata, why: &'static str) {
+        match self.commit(gm) {
+            Ok(Outcome::Committed { records }) => info!(records, why, "transaction committed"),
+            Ok(_) => {}
+            Err(e) => self.fatal = Some(e),
+        }
+    }
+
+    /// Abort from a rebalance callback: errors are kept for the loop.
+    pub fn abort_now(&mut self, reason: &'static str) {
+        if let Err(e) = self.abort(reason) {
+            self.fatal = Some(e);
+        }
+    }
+
+    fn past_deadline(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+
+    fn set_rewind(&mut self, t: OpenTxn) {
+        let firsts = t.offsets.into_iter().map(|(tp, (first, _))| (tp, first));
+        self.rewind.get_or_insert_with(HashMap::new).extend(firsts);
+    }
+
+    fn fail_recreate(&mut self, reason: &'static str) -> Result<(), Error> {
+        if let Some(t) = self.open.take() {
+            self.set_rewind(t);
+        }
+        self.failures_in_a_row += 1;
+        self.recreate(reason)
+    }
+
+    /// Replaces the producer: the new one's init_transactions bumps the epoch (fencing the old
+    /// one) and completes whatever the old one left open. Backs off while failures repeat.
+    fn recreate(&mut self, reason: &'static str) -> Result<(), Error> {
+        if let Some(t) = self.open.take() {
+            self.set_rewind(t);
+        }
+        self.rewind.get_or_insert_with(HashMap::new);
+        let mut backoff = backoff(self.failures_in_a_row);
+        loop {
+            if self.shutdown.is_cancelled() && self.past_deadline() {
+                return Err(Error::Startup(format!(
+                    "shutting down while the producer could not be recreated ({reason})"
+                )));
+            }
+            if !backoff.is_zero() {
+                info!(?backoff, reason, "waiting before recreating the producer");
+                std::thread::sleep(backoff);
+            }
+            match create_and_init(&self.config, self.timeout(), &self.health) {
+                Ok(p) => {
+                    self.producer = p;
+                    warn!(reason, "producer recreated");
+                    return Ok(());
+                }
+                Err(e) => {
+                    if classify(Call::Init, &Facts::of(&e)) == Action::Exit {
+                        return Err(unrecoverable("recreating the producer", e));
+                    }
+                    error!(error = %e, reason, "could not recreate the producer; retrying");
+                    backoff = (backoff * 2).clamp(Duration::from_millis(100), MAX_BACKOFF);
+                }
+            }
+        }
+    }
+}
+
+/// 0, then 100 ms doubling to 10 s, by consecutive failures.
+fn backoff(failures: u32) -> Duration {
+    if failures <= 1 {
+        return Duration::ZERO;
+    }
+    let ms = 100u64.saturating_mul(1 << (failures - 2).min(10));
+    Duration::from_millis(ms).min(MAX_BACKOFF)
+}
+
+fn create_and_init(
+    config: &ClientConfig,
+    timeout: Duration,
+    health: &Health,
+) -> Result<TxnProducer, KafkaError> {
+    let producer: TxnProducer = config.create_with_context(DeliveryContext)?;
+    let _g = health.in_call("init_transactions");
+    producer.init_transactions(timeout)?;
+    Ok(producer)
+}
+
+fn unrecoverable(context: &str, source: KafkaError) -> Error {
+    Error::Unrecoverable {
+        context: context.to_string(),
+        source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_caps() {
+        assert_eq!(backoff(0), Duration::ZERO);
+        assert_eq!(backoff(1), Duration::ZERO);
+        assert_eq!(backoff(2), Duration::from_millis(100));
+        assert_eq!(backoff(3), Duration::from_millis(200));
+        assert_eq!(backoff(8), Duration::from_millis(6400));
+        assert_eq!(backoff(10), MAX_BACKOFF);
+        assert_eq!(backoff(1000), MAX_BACKOFF);
+    }
+}
