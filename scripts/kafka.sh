@@ -8,6 +8,8 @@
 #   scripts/kafka.sh status     exit 0 when running and serving
 #   scripts/kafka.sh bootstrap  print host:port of the running broker
 #   scripts/kafka.sh reset      stop and delete its data
+#   scripts/kafka.sh tool CLASS ARGS…  run a Kafka tool from the same jars, e.g.
+#       scripts/kafka.sh tool org.apache.kafka.tools.TopicCommand --bootstrap-server … --list
 #
 # start, stop and fetch are idempotent. Ports are picked free at first start and kept, so a
 # restarted broker (fault tests) comes back where clients expect it.
@@ -160,12 +162,17 @@ case "${1:-}" in
     serving || { log "not running (scripts/kafka.sh start)"; exit 1; }
     echo "127.0.0.1:$(cat "$run/port")"
     ;;
+  tool)
+    shift
+    fetch
+    exec "${jvm[@]}" -Dorg.slf4j.simpleLogger.defaultLogLevel=warn "$@"
+    ;;
   reset)
     stop
     rm -rf "$run"
     ;;
   *)
-    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

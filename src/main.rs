@@ -65,7 +65,6 @@ async fn async_main(config: exactly::config::Config) -> ExitCode {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(e)) => {
             error!("{e}");
-            eprintln!("error: {e}");
             ExitCode::from(match e {
                 Error::Config(_) | Error::Jq(_) => 2,
                 _ => 1,

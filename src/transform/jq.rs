@@ -12,7 +12,9 @@ use jaq_core::load::{self, Arena, File, Loader};
 use jaq_core::{Compiler, Ctx, Vars, unwrap_valr};
 use jaq_json::{Map, Val};
 
-use super::{InputRecord, Limits, OutputHeaders, OutputRecord, Reason, TransformError, check_size};
+use super::{
+    InputRecord, Limits, OutputHeaders, OutputRecord, Reason, TransformError, check_size, truncate,
+};
 
 /// Names of the variables a program sees, in the order their values are passed.
 const VARS: [&str; 6] = [
@@ -199,11 +201,7 @@ impl Jq {
 
     fn show(&self, v: &Val) -> String {
         let mut s = String::from_utf8_lossy(&self.to_json(v)).into_owned();
-        if s.len() > 80 {
-            let cut = (0..=80).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0);
-            s.truncate(cut);
-            s.push('…');
-        }
+        truncate(&mut s, 80);
         s
     }
 }

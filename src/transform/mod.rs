@@ -82,6 +82,9 @@ impl Reason {
     }
 }
 
+/// Longest error message kept, in bytes.
+pub const MAX_MESSAGE: usize = 512;
+
 /// A record that cannot be transformed: the reason and a human message.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{}: {message}", reason.as_str())]
@@ -93,12 +96,12 @@ pub struct TransformError {
 }
 
 impl TransformError {
-    /// Builds an error.
+    /// Builds an error. The message is cut to [`MAX_MESSAGE`] bytes: jq errors quote values,
+    /// and the message travels in a DLQ header.
     pub fn new(reason: Reason, message: impl Into<String>) -> Self {
-        TransformError {
-            reason,
-            message: message.into(),
-        }
+        let mut message = message.into();
+        truncate(&mut message, MAX_MESSAGE);
+        TransformError { reason, message }
     }
 }
 
@@ -149,6 +152,18 @@ impl Transform {
             }
             Transform::Jq(jq) => jq.apply(input),
         }
+    }
+}
+
+/// Cuts `s` to at most `max` bytes on a char boundary, marking the cut with `…`.
+pub(crate) fn truncate(s: &mut String, max: usize) {
+    if s.len() > max {
+        let cut = (0..=max)
+            .rev()
+            .find(|&i| s.is_char_boundary(i))
+            .unwrap_or(0);
+        s.truncate(cut);
+        s.push('…');
     }
 }
 
@@ -205,6 +220,13 @@ mod tests {
         let t = Transform::new(&TransformSpec::Passthrough, LIMITS).unwrap();
         let out = t.apply(&record(None)).unwrap();
         assert_eq!(out[0].value, None);
+    }
+
+    #[test]
+    fn long_messages_are_cut_on_a_char_boundary() {
+        let e = TransformError::new(Reason::JqError, "é".repeat(1000));
+        assert!(e.message.len() <= MAX_MESSAGE + '…'.len_utf8());
+        assert!(e.message.ends_with('…'));
     }
 
     #[test]

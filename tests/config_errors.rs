@@ -1,0 +1,160 @@
+//! Bad configuration fails at start-up with a message naming the option, a non-zero exit,
+//! and nothing consumed or produced.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_exactly"));
+    cmd.arg("run").args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run exactly");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const OK: &[&str] = &[
+    "--bootstrap-servers",
+    "127.0.0.1:9",
+    "--input-topics",
+    "in",
+    "--output-topic",
+    "out",
+    "--group-id",
+    "g",
+];
+
+#[test]
+fn bad_values_fail_fast_naming_the_option() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--commit-interval", "soon"], "--commit-interval"),
+        (&["--transaction-timeout", "50ms"], "--transaction-timeout"),
+        (&["--max-records-per-txn", "0"], "--max-records-per-txn"),
+        (&["--max-bytes-per-txn", "lots"], "--max-bytes-per-txn"),
+        (&["--on-error", "shrug"], "--on-error"),
+        (&["--output-topic", "has space"], "--output-topic"),
+        (&["--jq", ".a |"], "--jq"),
+        (&["--jq", "nosuch(1)"], "--jq"),
+        (
+            &["--consumer-config", "enable.auto.commit=true"],
+            "--consumer-config",
+        ),
+        (
+            &["--consumer-config", "isolation.level=read_uncommitted"],
+            "--consumer-config",
+        ),
+        (
+            &["--producer-config", "transactional.id=mine"],
+            "--transactional-id",
+        ),
+        (
+            &["--producer-config", "not.a.real.key=1"],
+            "--producer-config",
+        ),
+    ];
+    for (extra, flag) in cases {
+        let args: Vec<&str> = OK.iter().chain(extra.iter()).copied().collect();
+        let started = Instant::now();
+        let (code, err) = run(&args, &[]);
+        assert_eq!(code, Some(2), "{extra:?}: {err}");
+        assert!(
+            err.contains(flag),
+            "{extra:?}: message does not name {flag}: {err}"
+        );
+        // Fails before touching the (unreachable) broker.
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{extra:?} took {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+#[test]
+fn environment_variables_configure_and_are_validated() {
+    let (code, err) = run(
+        &OK[..6],
+        &[
+            ("EXACTLY_GROUP_ID", "g"),
+            ("EXACTLY_COMMIT_INTERVAL", "later"),
+        ],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--commit-interval"), "{err}");
+    let (code, err) = run(&[], &[]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--bootstrap-servers"), "{err}");
+}
+
+#[test]
+fn unreachable_broker_fails_start_up_clearly() {
+    let args: Vec<&str> = OK
+        .iter()
+        .copied()
+        .chain(["--startup-timeout", "3s"])
+        .collect();
+    let started = Instant::now();
+    let (code, err) = run(&args, &[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("--bootstrap-servers 127.0.0.1:9"), "{err}");
+    assert!(err.contains("--startup-timeout"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+}
+
+#[test]
+fn nothing_is_produced_when_start_up_fails() {
+    let topics = Topics::create("cfg", 1, 1);
+    produce(&topics.input, &numbered(10, 1));
+    let group = unique("cfg-g");
+    let b = bootstrap();
+    let base = [
+        "--bootstrap-servers",
+        b.as_str(),
+        "--input-topics",
+        topics.input.as_str(),
+        "--group-id",
+        group.as_str(),
+    ];
+    // A refused passthrough key, a bad program, a missing output topic, a missing DLQ topic.
+    let missing_out = unique("missing");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec![
+                "--output-topic",
+                &topics.output,
+                "--consumer-config",
+                "group.id=x",
+            ],
+            "--group-id",
+        ),
+        (vec!["--output-topic", &topics.output, "--jq", "{"], "--jq"),
+        (vec!["--output-topic", &missing_out], "--output-topic"),
+        (
+            vec![
+                "--output-topic",
+                &topics.output,
+                "--dlq-topic",
+                &missing_out,
+            ],
+            "--dlq-topic",
+        ),
+    ];
+    for (extra, flag) in cases {
+        let args: Vec<&str> = base.iter().copied().chain(extra.iter().copied()).collect();
+        let (code, err) = run(&args, &[]);
+        assert_eq!(code, Some(2), "{extra:?}: {err}");
+        assert!(err.contains(flag), "{extra:?}: {err}");
+    }
+    // Not a single record written, even uncommitted; no offset committed.
+    assert!(end_offsets(&topics.output).values().all(|&e| e == 0));
+    assert!(end_offsets(&topics.dlq).values().all(|&e| e == 0));
+    assert!(committed(&group, &topics.input).is_empty());
+}

@@ -1,0 +1,116 @@
+//! Process lifecycle: SIGTERM with a clean exit and resume, and two instances of one group.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::Signal;
+use serde_json::{Value, json};
+
+const DOUBLE: &str = "{id, doubled: (.n * 2)}";
+
+fn doubled(v: &Value) -> Vec<Value> {
+    vec![json!({"id": v["id"], "doubled": v["n"].as_i64().unwrap() * 2})]
+}
+
+#[test]
+fn sigterm_mid_stream_exits_zero_within_grace_and_restart_resumes() {
+    let topics = Topics::create("term", 3, 3);
+    let group = unique("term-g");
+    let total = 30_000;
+    produce(&topics.input, &numbered(total, 3));
+
+    let mut args = base_args(&topics, &group, "term-0");
+    args.extend(["--jq", DOUBLE, "--shutdown-grace", "10s"].map(String::from));
+    let mut first = Exactly::start(&args);
+    wait_committed_at_least(&group, &topics.input, 1, Duration::from_secs(120));
+    let signalled = Instant::now();
+    first.signal(Signal::SIGTERM);
+    let status = first.wait(Duration::from_secs(20));
+    let took = signalled.elapsed();
+    assert_eq!(status.code(), Some(0), "{}", first.log_text());
+    assert!(
+        took < Duration::from_secs(10),
+        "exit took {took:?}, beyond the 10 s grace"
+    );
+    assert!(!first.events("exactly stopped").is_empty());
+
+    // Everything the first run consumed was committed with its outputs: the committed
+    // offsets and the visible outputs agree, and the run stopped mid-stream.
+    let done = committed_total(&group, &topics.input);
+    assert!(done > 0 && done < total as i64, "not mid-stream: {done}");
+    assert_eq!(
+        read_all(&topics.output, "read_committed").len() as i64,
+        done
+    );
+    // A clean stop leaves nothing to abort: no record beyond the committed ones was written.
+    assert_eq!(
+        read_all(&topics.output, "read_uncommitted").len() as i64,
+        done
+    );
+
+    let mut second = Exactly::start(&args);
+    wait_all_committed(&group, &topics.input, Duration::from_secs(180));
+    second.signal(Signal::SIGTERM);
+    assert_eq!(second.wait(Duration::from_secs(15)).code(), Some(0));
+
+    let outputs = read_all(&topics.output, "read_committed");
+    let n = assert_exactly_once(&outputs, &expected_outputs(&topics.input, doubled));
+    eprintln!(
+        "SIGTERM after {done} of {total}: exit 0 in {took:?}; restart resumed; {n} outputs \
+         exactly once (duplicates found: 0)"
+    );
+}
+
+#[test]
+fn two_instances_share_partitions_and_survive_losing_one() {
+    let topics = Topics::create("pair", 6, 3);
+    let group = unique("pair-g");
+
+    // a's open transaction at the kill holds its partitions' offsets as unstable until the
+    // coordinator times it out (no one else has its transactional id to fence it): the
+    // failover takes about session timeout + transaction timeout, so keep the latter short.
+    let extra = ["--jq", DOUBLE, "--transaction-timeout", "10s"].map(String::from);
+    let mut a_args = base_args(&topics, &group, "pair-a");
+    a_args.extend(extra.clone());
+    let mut b_args = base_args(&topics, &group, "pair-b");
+    b_args.extend(extra);
+    let mut a = Exactly::start(&a_args);
+    a.wait_log("a owns partitions", Duration::from_secs(60), |e| {
+        e.owned().is_some_and(|o| count_partitions(&o) == 6)
+    });
+    let b = Exactly::start(&b_args);
+    // Cooperative rebalance: a gives up some partitions, b takes them.
+    b.wait_log("b owns partitions", Duration::from_secs(60), |e| {
+        e.owned().is_some_and(|o| count_partitions(&o) > 0)
+    });
+    a.wait_log("a gave some up", Duration::from_secs(60), |e| {
+        e.owned().is_some_and(|o| count_partitions(&o) < 6)
+    });
+    let (owned_a, owned_b) = (a.owned().unwrap(), b.owned().unwrap());
+    assert_eq!(count_partitions(&owned_a) + count_partitions(&owned_b), 6);
+
+    let total = 40_000;
+    produce(&topics.input, &numbered(total, 6));
+    wait_committed_at_least(&group, &topics.input, 1, Duration::from_secs(120));
+    a.kill9();
+    let killed = Instant::now();
+    // b takes over a's partitions once a's session times out.
+    b.wait_log("b owns everything", Duration::from_secs(60), |e| {
+        e.owned().is_some_and(|o| count_partitions(&o) == 6)
+    });
+    let took_over = killed.elapsed();
+    wait_all_committed(&group, &topics.input, Duration::from_secs(180));
+    let finished = killed.elapsed();
+    let mut b = b;
+    b.signal(Signal::SIGTERM);
+    assert_eq!(b.wait(Duration::from_secs(15)).code(), Some(0));
+
+    let outputs = read_all(&topics.output, "read_committed");
+    let n = assert_exactly_once(&outputs, &expected_outputs(&topics.input, doubled));
+    eprintln!(
+        "two instances: a={owned_a} b={owned_b}; a killed; b owned all 6 after {took_over:?}, \
+         all committed {finished:?} after the kill; {n} outputs exactly once (duplicates found: 0)"
+    );
+}
