@@ -85,8 +85,48 @@ struct OpenTxn {
     began: Instant,
     records: u64,
     bytes: u64,
-    /// First offset consumed, and next offset to consume, per partition.
-    offsets: HashMap<Tp, (i64, i64)>,
+    /// First offset consumed, and next offset to consume, per topic and partition. Keyed by
+    /// topic first so that the per-record look-up borrows the topic name instead of copying it.
+    offsets: HashMap<String, HashMap<i32, (i64, i64)>>,
+}
+
+impl OpenTxn {
+    fn new() -> OpenTxn {
+        OpenTxn {
+            began: Instant::now(),
+            records: 0,
+            bytes: 0,
+            offsets: HashMap::new(),
+        }
+    }
+
+    fn consumed(&mut self, topic: &str, partition: i32, offset: i64, bytes: u64) {
+        self.records += 1;
+        self.bytes += bytes;
+        let partitions = match self.offsets.get_mut(topic) {
+            Some(p) => p,
+            None => self.offsets.entry(topic.to_string()).or_default(),
+        };
+        partitions
+            .entry(partition)
+            .and_modify(|e| e.1 = offset + 1)
+            .or_insert((offset, offset + 1));
+    }
+
+    /// What `send_offsets_to_transaction` gets: the next offset of each consumed partition.
+    fn next_offsets(&self) -> impl Iterator<Item = (&str, i32, i64)> {
+        self.offsets
+            .iter()
+            .flat_map(|(t, ps)| ps.iter().map(move |(p, (_, next))| (t.as_str(), *p, *next)))
+    }
+
+    /// Where each consumed partition started in this transaction.
+    fn first_offsets(self) -> impl Iterator<Item = (Tp, i64)> {
+        self.offsets.into_iter().flat_map(|(t, ps)| {
+            ps.into_iter()
+                .map(move |(p, (first, _))| ((t.clone(), p), first))
+        })
+    }
 }
 
 /// Owns the producer and the state of the open transaction.
@@ -243,26 +283,14 @@ impl TxnDriver {
             self.fail_recreate("begin_failed")?;
             return Ok(false);
         }
-        self.open = Some(OpenTxn {
-            began: Instant::now(),
-            records: 0,
-            bytes: 0,
-            offsets: HashMap::new(),
-        });
+        self.open = Some(OpenTxn::new());
         Ok(true)
     }
 
     /// Counts one consumed record into the open transaction (which must be open).
     pub fn consumed(&mut self, topic: &str, partition: i32, offset: i64, bytes: u64) {
-        let Some(t) = self.open.as_mut() else { return };
-        t.records += 1;
-        t.bytes += bytes;
-        match t.offsets.get_mut(&(topic.to_string(), partition)) {
-            Some(e) => e.1 = offset + 1,
-            None => {
-                t.offsets
-                    .insert((topic.to_string(), partition), (offset, offset + 1));
-            }
+        if let Some(t) = self.open.as_mut() {
+            t.consumed(topic, partition, offset, bytes);
         }
     }
 
@@ -315,9 +343,9 @@ impl TxnDriver {
             self.abort("test_injected")?;
             return Ok(Outcome::Aborted);
         }
-        let mut tpl = TopicPartitionList::with_capacity(t.offsets.len());
-        for ((topic, partition), (_, next)) in &t.offsets {
-            tpl.add_partition_offset(topic, *partition, Offset::Offset(*next))
+        let mut tpl = TopicPartitionList::new();
+        for (topic, partition, next) in t.next_offsets() {
+            tpl.add_partition_offset(topic, partition, Offset::Offset(next))
                 .map_err(|e| unrecoverable("building the offsets to commit", e))?;
         }
 
@@ -442,8 +470,9 @@ impl TxnDriver {
     }
 
     fn set_rewind(&mut self, t: OpenTxn) {
-        let firsts = t.offsets.into_iter().map(|(tp, (first, _))| (tp, first));
-        self.rewind.get_or_insert_with(HashMap::new).extend(firsts);
+        self.rewind
+            .get_or_insert_with(HashMap::new)
+            .extend(t.first_offsets());
     }
 
     fn fail_recreate(&mut self, reason: &'static str) -> Result<(), Error> {
@@ -520,6 +549,36 @@ fn unrecoverable(context: &str, source: KafkaError) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn open_txn_tracks_first_and_next_offset_per_partition() {
+        let mut t = OpenTxn::new();
+        t.consumed("a", 0, 10, 5);
+        t.consumed("a", 0, 11, 5);
+        t.consumed("a", 1, 3, 1);
+        t.consumed("b", 0, 7, 1);
+        t.consumed("a", 0, 15, 5); // a gap (filtered or aborted records) is fine
+        assert_eq!((t.records, t.bytes), (5, 17));
+        let mut next: Vec<_> = t
+            .next_offsets()
+            .map(|(t, p, o)| (t.to_string(), p, o))
+            .collect();
+        next.sort();
+        assert_eq!(
+            next,
+            [("a".into(), 0, 16), ("a".into(), 1, 4), ("b".into(), 0, 8)]
+        );
+        let mut first: Vec<_> = t.first_offsets().collect();
+        first.sort();
+        assert_eq!(
+            first,
+            [
+                (("a".into(), 0), 10),
+                (("a".into(), 1), 3),
+                (("b".into(), 0), 7)
+            ]
+        );
+    }
 
     #[test]
     fn backoff_grows_and_caps() {
