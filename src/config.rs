@@ -28,6 +28,180 @@ pub struct Cli {
 pub enum Command {
     /// Consume, transform and produce, committing outputs and offsets in one transaction.
     Run(Box<RunArgs>),
+    /// Check that a pipeline delivered exactly once: replay the transform over a range of the
+    /// input and match every output and DLQ record to its input. Exit 0: clean; 1: anomalies;
+    /// 2: bad options; 3: the audit could not complete.
+    Audit(Box<AuditArgs>),
+}
+
+/// Options of `exactly audit`.
+#[derive(Clone, Debug, Args)]
+pub struct AuditArgs {
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "EXACTLY_BOOTSTRAP_SERVERS", value_name = "HOSTS")]
+    pub bootstrap_servers: String,
+
+    /// Input topics, comma-separated.
+    #[arg(
+        long,
+        env = "EXACTLY_INPUT_TOPICS",
+        value_delimiter = ',',
+        required = true,
+        value_name = "TOPICS"
+    )]
+    pub input_topics: Vec<String>,
+
+    /// Output topics, comma-separated; the first is the transform's default output (list the
+    /// others an --envelope program routes to).
+    #[arg(
+        long = "output-topic",
+        env = "EXACTLY_OUTPUT_TOPIC",
+        value_delimiter = ',',
+        required = true,
+        value_name = "TOPICS"
+    )]
+    pub output_topics: Vec<String>,
+
+    /// Dead-letter topic [default: <first output topic>.dlq; read only with --on-error dlq].
+    #[arg(long, env = "EXACTLY_DLQ_TOPIC", value_name = "TOPIC")]
+    pub dlq_topic: Option<String>,
+
+    /// The pipeline's consumer group: inputs past its committed offsets are pending, not
+    /// judged, and the report says whether the group reached the end of the range.
+    #[arg(long, env = "EXACTLY_GROUP_ID", value_name = "GROUP")]
+    pub group_id: Option<String>,
+
+    /// The transform, exactly as the pipeline runs it.
+    #[command(flatten)]
+    pub transform: TransformArgs,
+
+    /// Start of the input range: a time (RFC 3339, or milliseconds since the epoch).
+    #[arg(long, value_name = "TIME", conflicts_with = "from_offsets")]
+    pub from_time: Option<String>,
+
+    /// End of the input range (exclusive): a time (RFC 3339, or milliseconds since the epoch).
+    #[arg(long, value_name = "TIME", conflicts_with = "to_offsets")]
+    pub to_time: Option<String>,
+
+    /// Start of the input range as offsets per partition, `0=100,1=250` [default: earliest].
+    #[arg(long, value_name = "P=OFFSET,…")]
+    pub from_offsets: Option<String>,
+
+    /// End of the input range (exclusive) as offsets per partition [default: the last stable
+    /// offset when the audit starts].
+    #[arg(long, value_name = "P=OFFSET,…")]
+    pub to_offsets: Option<String>,
+
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Bound on each Kafka call and on silence while reading a topic.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub timeout: Duration,
+
+    /// Extra librdkafka consumer setting, key=value (repeatable).
+    #[arg(long = "consumer-config", env = "EXACTLY_CONSUMER_CONFIG", value_name = "KEY=VALUE", value_delimiter = ';', value_parser = parse_key_value)]
+    pub consumer_config: Vec<(String, String)>,
+}
+
+/// A validated audit plan, and the transform to replay.
+pub struct AuditConfig {
+    /// What to read.
+    pub plan: crate::audit::read::Plan,
+    /// The transform.
+    pub transform: TransformConfig,
+    /// JSON output.
+    pub json: bool,
+}
+
+impl AuditArgs {
+    /// Checks the options and builds the plan.
+    pub fn validate(self) -> Result<AuditConfig, Error> {
+        use crate::audit::read::{Bound, Plan};
+        for t in &self.input_topics {
+            check_topic_name("--input-topics", t)?;
+        }
+        for t in &self.output_topics {
+            check_topic_name("--output-topic", t)?;
+        }
+        let transform = self.transform.resolve()?;
+        let dlq = match (self.dlq_topic, transform.on_error) {
+            (Some(d), _) => Some(d),
+            (None, OnError::Dlq) => Some(format!("{}.dlq", self.output_topics[0])),
+            (None, _) => None,
+        };
+        if let Some(d) = &dlq {
+            check_topic_name("--dlq-topic", d)?;
+        }
+        check_passthrough("--consumer-config", &self.consumer_config, CONSUMER_OWNED)?;
+        let bound =
+            |flag: &str, time: Option<String>, offsets: Option<String>| match (time, offsets) {
+                (Some(t), _) => parse_time(&t)
+                    .map(Bound::Time)
+                    .map_err(|e| Error::Config(format!("{flag}: {e}"))),
+                (None, Some(o)) => parse_offsets(&o)
+                    .map(Bound::Offsets)
+                    .map_err(|e| Error::Config(format!("{flag}: {e}"))),
+                (None, None) => Ok(Bound::Edge),
+            };
+        let from = bound(
+            "--from-time/--from-offsets",
+            self.from_time,
+            self.from_offsets,
+        )?;
+        let to = bound("--to-time/--to-offsets", self.to_time, self.to_offsets)?;
+        Ok(AuditConfig {
+            plan: Plan {
+                bootstrap_servers: self.bootstrap_servers,
+                consumer_config: self.consumer_config,
+                inputs: self.input_topics,
+                outputs: self.output_topics,
+                dlq,
+                group: self.group_id,
+                from,
+                to,
+                timeout: self.timeout,
+            },
+            transform,
+            json: self.json,
+        })
+    }
+}
+
+/// Milliseconds since the epoch, or an RFC 3339 time.
+fn parse_time(s: &str) -> Result<i64, String> {
+    if let Ok(ms) = s.parse::<i64>() {
+        return Ok(ms);
+    }
+    let t = humantime::parse_rfc3339_weak(s)
+        .map_err(|e| format!("'{s}' is neither milliseconds nor an RFC 3339 time: {e}"))?;
+    let ms = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|e| e.to_string())?
+        .as_millis();
+    i64::try_from(ms).map_err(|e| e.to_string())
+}
+
+/// `0=100,1=250`.
+fn parse_offsets(s: &str) -> Result<std::collections::BTreeMap<i32, i64>, String> {
+    s.split(',')
+        .filter(|x| !x.trim().is_empty())
+        .map(|pair| {
+            let (p, o) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("'{pair}' is not partition=offset"))?;
+            let p = p
+                .trim()
+                .parse()
+                .map_err(|_| format!("'{p}' is not a partition"))?;
+            let o = o
+                .trim()
+                .parse()
+                .map_err(|_| format!("'{o}' is not an offset"))?;
+            Ok((p, o))
+        })
+        .collect()
 }
 
 /// What to do with a record that cannot be transformed.
@@ -53,7 +227,6 @@ pub enum LogFormat {
 /// Options of `exactly run`.
 #[derive(Clone, Debug, Args)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["input_topics", "input_pattern"])))]
-#[command(group(clap::ArgGroup::new("jq_program").args(["jq", "jq_file"])))]
 pub struct RunArgs {
     /// Kafka bootstrap servers, host:port[,host:port…].
     #[arg(long, env = "EXACTLY_BOOTSTRAP_SERVERS", value_name = "HOSTS")]
@@ -118,23 +291,9 @@ pub struct RunArgs {
     #[arg(long, env = "EXACTLY_TRANSACTION_TIMEOUT", value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub transaction_timeout: Duration,
 
-    /// jq program applied to each record's JSON value (jaq dialect). Without --jq or
-    /// --jq-file, records pass through byte for byte.
-    #[arg(long, env = "EXACTLY_JQ", value_name = "PROGRAM")]
-    pub jq: Option<String>,
-
-    /// File holding the jq program.
-    #[arg(long, env = "EXACTLY_JQ_FILE", value_name = "PATH")]
-    pub jq_file: Option<std::path::PathBuf>,
-
-    /// The jq program yields envelopes {"key", "value", "topic", "headers"} instead of values,
-    /// so it can re-key, route to another topic, or set headers.
-    #[arg(long, env = "EXACTLY_ENVELOPE", requires = "jq_program")]
-    pub envelope: bool,
-
-    /// What to do with a record that cannot be transformed.
-    #[arg(long, env = "EXACTLY_ON_ERROR", value_enum, default_value_t = OnError::Dlq)]
-    pub on_error: OnError,
+    /// The transform and what to do when it fails.
+    #[command(flatten)]
+    pub transform: TransformArgs,
 
     /// Dead-letter topic [default: <output-topic>.dlq].
     #[arg(long, env = "EXACTLY_DLQ_TOPIC", value_name = "TOPIC")]
@@ -143,14 +302,6 @@ pub struct RunArgs {
     /// Do not add the exactly.lineage header (source topic/partition/offset/index) to outputs.
     #[arg(long, env = "EXACTLY_NO_LINEAGE")]
     pub no_lineage: bool,
-
-    /// Largest output record (key + value bytes); a larger one is a transform error.
-    #[arg(long, env = "EXACTLY_MAX_OUTPUT_BYTES", value_name = "BYTES", default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
-    pub max_output_bytes: u64,
-
-    /// Most outputs one input record may fan out to; more is a transform error.
-    #[arg(long, env = "EXACTLY_MAX_OUTPUTS_PER_RECORD", value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
-    pub max_outputs_per_record: u64,
 
     /// Extra librdkafka consumer setting, key=value (repeatable; in the environment, separate
     /// pairs with ';').
@@ -183,6 +334,79 @@ pub struct RunArgs {
     /// as an abortable commit error. Used by the test suite to prove aborts are invisible.
     #[arg(long, env = "EXACTLY_TEST_ABORT_EVERY", value_name = "N", hide = true, value_parser = clap::value_parser!(u64).range(1..))]
     pub test_abort_every: Option<u64>,
+}
+
+/// The transform, shared by `run` and `audit` (which replays it).
+#[derive(Clone, Debug, Args)]
+#[command(group(clap::ArgGroup::new("jq_program").args(["jq", "jq_file"])))]
+pub struct TransformArgs {
+    /// jq program applied to each record's JSON value (jaq dialect). Without --jq or
+    /// --jq-file, records pass through byte for byte.
+    #[arg(long, env = "EXACTLY_JQ", value_name = "PROGRAM")]
+    pub jq: Option<String>,
+
+    /// File holding the jq program.
+    #[arg(long, env = "EXACTLY_JQ_FILE", value_name = "PATH")]
+    pub jq_file: Option<std::path::PathBuf>,
+
+    /// The jq program yields envelopes {"key", "value", "topic", "headers"} instead of values,
+    /// so it can re-key, route to another topic, or set headers.
+    #[arg(long, env = "EXACTLY_ENVELOPE", requires = "jq_program")]
+    pub envelope: bool,
+
+    /// What to do with a record that cannot be transformed.
+    #[arg(long, env = "EXACTLY_ON_ERROR", value_enum, default_value_t = OnError::Dlq)]
+    pub on_error: OnError,
+
+    /// Largest output record (key + value bytes); a larger one is a transform error.
+    #[arg(long, env = "EXACTLY_MAX_OUTPUT_BYTES", value_name = "BYTES", default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_output_bytes: u64,
+
+    /// Most outputs one input record may fan out to; more is a transform error.
+    #[arg(long, env = "EXACTLY_MAX_OUTPUTS_PER_RECORD", value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_outputs_per_record: u64,
+}
+
+/// A resolved transform configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransformConfig {
+    /// Passthrough or jq.
+    pub spec: TransformSpec,
+    /// Error policy.
+    pub on_error: OnError,
+    /// Largest output.
+    pub max_output_bytes: usize,
+    /// Most outputs per input.
+    pub max_outputs_per_record: usize,
+}
+
+impl TransformArgs {
+    /// Reads the program file, if any.
+    pub fn resolve(self) -> Result<TransformConfig, Error> {
+        let spec = match (self.jq, self.jq_file) {
+            (Some(program), _) => TransformSpec::Jq {
+                program,
+                envelope: self.envelope,
+            },
+            (None, Some(path)) => {
+                let program = std::fs::read_to_string(&path).map_err(|e| {
+                    Error::Config(format!("--jq-file: cannot read {}: {e}", path.display()))
+                })?;
+                TransformSpec::Jq {
+                    program,
+                    envelope: self.envelope,
+                }
+            }
+            (None, None) => TransformSpec::Passthrough,
+        };
+        Ok(TransformConfig {
+            spec,
+            on_error: self.on_error,
+            max_output_bytes: usize::try_from(self.max_output_bytes).unwrap_or(usize::MAX),
+            max_outputs_per_record: usize::try_from(self.max_outputs_per_record)
+                .unwrap_or(usize::MAX),
+        })
+    }
 }
 
 /// librdkafka keys that exactly sets itself, and the option to use instead.
@@ -336,7 +560,7 @@ impl RunArgs {
             .dlq_topic
             .unwrap_or_else(|| format!("{}.dlq", self.output_topic));
         check_topic_name("--dlq-topic", &dlq_topic)?;
-        if self.on_error == OnError::Dlq && dlq_topic == self.output_topic {
+        if self.transform.on_error == OnError::Dlq && dlq_topic == self.output_topic {
             return err("--dlq-topic: must differ from --output-topic".into());
         }
         let ci = self.commit_interval;
@@ -370,22 +594,7 @@ impl RunArgs {
         }
         check_passthrough("--consumer-config", &self.consumer_config, CONSUMER_OWNED)?;
         check_passthrough("--producer-config", &self.producer_config, PRODUCER_OWNED)?;
-        let transform = match (self.jq, self.jq_file) {
-            (Some(program), _) => TransformSpec::Jq {
-                program,
-                envelope: self.envelope,
-            },
-            (None, Some(path)) => {
-                let program = std::fs::read_to_string(&path).map_err(|e| {
-                    Error::Config(format!("--jq-file: cannot read {}: {e}", path.display()))
-                })?;
-                TransformSpec::Jq {
-                    program,
-                    envelope: self.envelope,
-                }
-            }
-            (None, None) => TransformSpec::Passthrough,
-        };
+        let transform = self.transform.resolve()?;
         if self.shutdown_grace.is_zero() {
             return err("--shutdown-grace: must be greater than 0".into());
         }
@@ -404,13 +613,12 @@ impl RunArgs {
             max_records_per_txn: self.max_records_per_txn,
             max_bytes_per_txn: self.max_bytes_per_txn,
             transaction_timeout: tt,
-            transform,
-            on_error: self.on_error,
+            on_error: transform.on_error,
             dlq_topic,
             lineage: !self.no_lineage,
-            max_output_bytes: usize::try_from(self.max_output_bytes).unwrap_or(usize::MAX),
-            max_outputs_per_record: usize::try_from(self.max_outputs_per_record)
-                .unwrap_or(usize::MAX),
+            max_output_bytes: transform.max_output_bytes,
+            max_outputs_per_record: transform.max_outputs_per_record,
+            transform: transform.spec,
             consumer_config: self.consumer_config,
             producer_config: self.producer_config,
             startup_timeout: self.startup_timeout,
@@ -506,7 +714,9 @@ mod tests {
     fn parse(extra: &[&str]) -> Result<Config, String> {
         let args: Vec<&str> = BASE.iter().chain(extra).copied().collect();
         let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
-        let Command::Run(run) = cli.command;
+        let Command::Run(run) = cli.command else {
+            panic!("not run")
+        };
         run.validate().map_err(|e| e.to_string())
     }
 
@@ -541,7 +751,9 @@ mod tests {
             "--instance-id",
             "x",
         ];
-        let Command::Run(run) = Cli::try_parse_from(args).unwrap().command;
+        let Command::Run(run) = Cli::try_parse_from(args).unwrap().command else {
+            panic!()
+        };
         assert_eq!(
             run.validate().unwrap().input,
             Input::Topics(vec!["a".into(), "b".into()])
@@ -560,7 +772,9 @@ mod tests {
             "--instance-id",
             "x",
         ];
-        let Command::Run(run) = Cli::try_parse_from(args).unwrap().command;
+        let Command::Run(run) = Cli::try_parse_from(args).unwrap().command else {
+            panic!()
+        };
         assert_eq!(
             run.validate().unwrap().input,
             Input::Pattern("^in-.*".into())
@@ -632,7 +846,9 @@ mod tests {
             "--instance-id",
             "x",
         ];
-        let Command::Run(run) = Cli::try_parse_from(args).unwrap().command;
+        let Command::Run(run) = Cli::try_parse_from(args).unwrap().command else {
+            panic!()
+        };
         let e = run.validate().unwrap_err().to_string();
         assert!(e.contains("--output-topic"), "{e}");
     }
@@ -672,6 +888,61 @@ mod tests {
         );
         let e = parse(&["--jq", ".a", "--jq-file", "x.jq"]).unwrap_err();
         assert!(e.contains("--jq"), "{e}");
+    }
+
+    #[test]
+    fn audit_options() {
+        let args = [
+            "exactly",
+            "audit",
+            "--bootstrap-servers",
+            "b:1",
+            "--input-topics",
+            "in",
+            "--output-topic",
+            "out,routed",
+            "--jq",
+            ".",
+            "--from-offsets",
+            "0=5,1=7",
+            "--to-time",
+            "2026-01-01T00:00:00Z",
+            "--group-id",
+            "g",
+        ];
+        let Command::Audit(a) = Cli::try_parse_from(args).unwrap().command else {
+            panic!()
+        };
+        let c = a.validate().unwrap();
+        assert_eq!(c.plan.outputs, ["out", "routed"]);
+        assert_eq!(c.plan.dlq.as_deref(), Some("out.dlq"));
+        assert_eq!(
+            c.plan.from,
+            crate::audit::read::Bound::Offsets([(0, 5), (1, 7)].into_iter().collect())
+        );
+        assert_eq!(
+            c.plan.to,
+            crate::audit::read::Bound::Time(1_767_225_600_000)
+        );
+        for (flag, bad) in [("--from-offsets", "0:5"), ("--to-time", "yesterday")] {
+            let args = [
+                "exactly",
+                "audit",
+                "--bootstrap-servers",
+                "b:1",
+                "--input-topics",
+                "in",
+                "--output-topic",
+                "out",
+                flag,
+                bad,
+            ];
+            let Command::Audit(a) = Cli::try_parse_from(args).unwrap().command else {
+                panic!()
+            };
+            let e = a.validate().err().unwrap().to_string();
+            assert!(e.contains(flag), "{e}");
+        }
     }
 
     #[test]

@@ -155,7 +155,9 @@ mod tests {
             "pod-0",
         ];
         args.extend_from_slice(extra);
-        let Command::Run(run) = Cli::parse_from(args).command;
+        let Command::Run(run) = Cli::parse_from(args).command else {
+            panic!()
+        };
         run.validate().unwrap()
     }
 

@@ -20,9 +20,13 @@
 //! - [`headers`]: the lineage header on every output and the reason headers on DLQ records.
 //! - [`health`]: heartbeat of the loop and the watchdog that reports a stuck call.
 //! - [`telemetry`]: logging (text or JSON).
+//! - [`audit`]: `exactly audit`, which replays the transform over a range of the input and
+//!   matches every output to its input (lost, duplicated, unexpected, order, hanging
+//!   transactions).
 //!
 //! [`run`] ties them together; `main.rs` only parses, installs signal handling and calls it.
 
+pub mod audit;
 pub mod config;
 pub mod error;
 pub mod headers;
@@ -45,6 +49,23 @@ use crate::transform::{Limits, Transform};
 
 /// Stack of the loop thread: jq programs and JSON values recurse.
 const LOOP_STACK: usize = 64 << 20;
+
+/// Runs an audit: reads the history, replays the transform, returns the report.
+pub fn audit(config: config::AuditConfig) -> Result<audit::Report, Error> {
+    let t = &config.transform;
+    let limits = Limits {
+        max_output_bytes: t.max_output_bytes,
+        max_outputs: t.max_outputs_per_record,
+    };
+    let transform = Transform::new(&t.spec, limits)?;
+    let history = audit::read::collect(&config.plan)?;
+    Ok(audit::analyze(
+        &history,
+        &transform,
+        t.on_error,
+        &config.plan.outputs[0],
+    ))
+}
 
 /// Runs the pipeline until `shutdown` is cancelled or an unrecoverable error occurs.
 ///

@@ -11,7 +11,10 @@ use exactly::error::Error;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let Command::Run(args) = cli.command;
+    let args = match cli.command {
+        Command::Run(args) => args,
+        Command::Audit(args) => return audit(*args),
+    };
     exactly::telemetry::init(args.log_format, &args.log_level);
     let config = match args.validate() {
         Ok(c) => c,
@@ -73,6 +76,39 @@ async fn async_main(config: exactly::config::Config) -> ExitCode {
         Err(join) => {
             error!(error = %join, "the pipeline task failed");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// `exactly audit`: 0 clean, 1 anomalies, 2 bad options, 3 could not complete.
+fn audit(args: exactly::config::AuditArgs) -> ExitCode {
+    exactly::telemetry::init(exactly::config::LogFormat::Text, "warn");
+    let config = match args.validate() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let json = config.json;
+    match exactly::audit(config) {
+        Ok(report) => {
+            if json {
+                match serde_json::to_string_pretty(&report) {
+                    Ok(s) => println!("{s}"),
+                    Err(e) => eprintln!("error: {e}"),
+                }
+            } else {
+                print!("{}", report.summary());
+            }
+            ExitCode::from(if report.anomalies() == 0 { 0 } else { 1 })
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(match e {
+                Error::Config(_) | Error::Jq(_) => 2,
+                _ => 3,
+            })
         }
     }
 }

@@ -1,0 +1,651 @@
+//! `exactly audit`: evidence that a pipeline delivered exactly once.
+//!
+//! The audit reads a bounded range of the input, the output and DLQ topics as a downstream
+//! consumer does (read_committed), replays the transform over the input, and matches every
+//! output to its input through the lineage header. [`analyze`] is a pure function over what was
+//! read, so the checks are unit-tested on fabricated histories; [`read`] does the reading.
+
+pub mod read;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use serde::Serialize;
+
+use crate::config::OnError;
+use crate::headers::{self, LINEAGE};
+use crate::transform::{InputRecord, Transform};
+
+/// One record as read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rec {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// Timestamp (ms).
+    pub timestamp: Option<i64>,
+    /// Key.
+    pub key: Option<Vec<u8>>,
+    /// Value.
+    pub value: Option<Vec<u8>>,
+    /// Headers in order.
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+impl Rec {
+    /// The last value of header `name`.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| v.as_deref())
+    }
+
+    fn as_input(&self) -> InputRecord<'_> {
+        InputRecord {
+            topic: &self.topic,
+            partition: self.partition,
+            offset: self.offset,
+            timestamp: self.timestamp,
+            key: self.key.as_deref(),
+            value: self.value.as_deref(),
+            headers: self
+                .headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_deref()))
+                .collect(),
+        }
+    }
+}
+
+/// High watermark and last stable offset of one partition, at the start and end of the audit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PartitionState {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// High watermark at the start.
+    pub high_watermark: i64,
+    /// Last stable offset at the start.
+    pub last_stable_offset: i64,
+    /// Last stable offset at the end.
+    pub last_stable_offset_at_end: i64,
+    /// High watermark at the end.
+    pub high_watermark_at_end: i64,
+}
+
+impl PartitionState {
+    /// Records written but not yet decided (high watermark − last stable offset), at the end.
+    pub fn unstable(&self) -> i64 {
+        self.high_watermark_at_end - self.last_stable_offset_at_end
+    }
+
+    /// A transaction held the partition unstable for the whole audit without progress.
+    pub fn hanging(&self) -> bool {
+        self.unstable() > 0
+            && self.last_stable_offset < self.high_watermark
+            && self.last_stable_offset_at_end == self.last_stable_offset
+    }
+}
+
+/// Everything the audit read.
+#[derive(Clone, Debug, Default)]
+pub struct History {
+    /// Input records in the audited range, read_committed.
+    pub inputs: Vec<Rec>,
+    /// Audited range per input partition: [start, end).
+    pub range: BTreeMap<(String, i32), (i64, i64)>,
+    /// Output records, read_committed, all output topics.
+    pub outputs: Vec<Rec>,
+    /// DLQ records, read_committed.
+    pub dlq: Vec<Rec>,
+    /// Records of the output and DLQ topics that only read_uncommitted sees (aborted).
+    pub aborted: usize,
+    /// The group's committed offsets on the input, if a group was given.
+    pub committed: Option<BTreeMap<(String, i32), i64>>,
+    /// Partition states of every audited topic.
+    pub partitions: Vec<PartitionState>,
+}
+
+/// What the audit found. Counts are of records.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Report {
+    /// Input records in the audited range.
+    pub inputs: usize,
+    /// Inputs beyond the group's committed offsets: not processed yet, so not judged.
+    pub pending: usize,
+    /// Outputs the replayed transform expects for the judged inputs.
+    pub expected_outputs: usize,
+    /// DLQ records it expects.
+    pub expected_dlq: usize,
+    /// Outputs read that belong to the audited range.
+    pub outputs: usize,
+    /// DLQ records read that belong to the audited range.
+    pub dlq: usize,
+    /// Expected outputs or DLQ records that are missing.
+    pub lost: usize,
+    /// Extra copies of an output or DLQ record.
+    pub duplicated: usize,
+    /// Outputs or DLQ records the transform does not give for their input.
+    pub unexpected: usize,
+    /// Inputs with records in both the output and the DLQ.
+    pub in_output_and_dlq: usize,
+    /// Outputs of one source partition out of order on an output partition.
+    pub order_violations: usize,
+    /// Output or DLQ records without a lineage header.
+    pub without_lineage: usize,
+    /// Records only read_uncommitted sees: aborted transactions. Expected; not an anomaly.
+    pub aborted: usize,
+    /// The group's committed offsets reached the end of the audited range (None: no group).
+    pub group_reached_end: Option<bool>,
+    /// Partitions held unstable by a transaction that did not move during the audit.
+    pub hanging_partitions: usize,
+    /// High watermark and last stable offset of every audited partition.
+    pub partitions: Vec<PartitionState>,
+    /// The first anomalies, described.
+    pub examples: Vec<String>,
+}
+
+impl Report {
+    /// Number of anomalies: anything here means the pipeline did not deliver exactly once.
+    pub fn anomalies(&self) -> usize {
+        self.lost
+            + self.duplicated
+            + self.unexpected
+            + self.in_output_and_dlq
+            + self.order_violations
+            + self.without_lineage
+            + self.hanging_partitions
+    }
+
+    fn note(&mut self, what: String) {
+        if self.examples.len() < 20 {
+            self.examples.push(what);
+        }
+    }
+
+    /// The human summary.
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        let mut line = |k: &str, v: String| s.push_str(&format!("{k:<28}{v}\n"));
+        line("inputs audited", self.inputs.to_string());
+        line("  pending (not committed)", self.pending.to_string());
+        line(
+            "outputs expected / read",
+            format!("{} / {}", self.expected_outputs, self.outputs),
+        );
+        line(
+            "DLQ expected / read",
+            format!("{} / {}", self.expected_dlq, self.dlq),
+        );
+        line("lost", self.lost.to_string());
+        line("duplicated", self.duplicated.to_string());
+        line("unexpected", self.unexpected.to_string());
+        line("in output and DLQ", self.in_output_and_dlq.to_string());
+        line("order violations", self.order_violations.to_string());
+        line("without lineage", self.without_lineage.to_string());
+        line(
+            "aborted (read_uncommitted)",
+            format!("{} (expected, not an anomaly)", self.aborted),
+        );
+        line(
+            "group reached end of range",
+            match self.group_reached_end {
+                Some(true) => "yes".into(),
+                Some(false) => "no".into(),
+                None => "not checked (no --group-id)".into(),
+            },
+        );
+        let unstable: Vec<String> = self
+            .partitions
+            .iter()
+            .filter(|p| p.unstable() > 0)
+            .map(|p| format!("{}[{}]={}", p.topic, p.partition, p.unstable()))
+            .collect();
+        line(
+            "unstable (HW - LSO)",
+            if unstable.is_empty() {
+                "none".into()
+            } else {
+                unstable.join(" ")
+            },
+        );
+        line("hanging partitions", self.hanging_partitions.to_string());
+        for e in &self.examples {
+            s.push_str(&format!("  ! {e}\n"));
+        }
+        s.push_str(&if self.anomalies() == 0 {
+            "result: CLEAN, exactly once\n".to_string()
+        } else {
+            format!("result: {} ANOMALIES\n", self.anomalies())
+        });
+        s
+    }
+}
+
+type Lineage = (String, i32, i64, usize);
+
+/// What one output should be.
+#[derive(Debug)]
+struct Expected {
+    topic: String,
+    key: Option<Vec<u8>>,
+    value: Option<Vec<u8>>,
+}
+
+/// Checks a history against a replay of `transform`.
+pub fn analyze(
+    history: &History,
+    transform: &Transform,
+    on_error: OnError,
+    default_output: &str,
+) -> Report {
+    let mut r = Report {
+        inputs: history.inputs.len(),
+        aborted: history.aborted,
+        partitions: history.partitions.clone(),
+        ..Report::default()
+    };
+    let judged = |t: &str, p: i32, o: i64| match &history.committed {
+        Some(c) => c.get(&(t.to_string(), p)).is_some_and(|&next| o < next),
+        None => true,
+    };
+    let in_range = |t: &str, p: i32, o: i64| {
+        history
+            .range
+            .get(&(t.to_string(), p))
+            .is_some_and(|&(start, end)| o >= start && o < end)
+    };
+
+    // Replay.
+    let mut expected: HashMap<Lineage, Expected> = HashMap::new();
+    let mut expected_dlq: HashSet<(String, i32, i64)> = HashSet::new();
+    let mut pending: HashSet<(String, i32, i64)> = HashSet::new();
+    for input in &history.inputs {
+        let id = (input.topic.clone(), input.partition, input.offset);
+        if !judged(&input.topic, input.partition, input.offset) {
+            pending.insert(id);
+            continue;
+        }
+        match transform.apply(&input.as_input()) {
+            Ok(outs) => {
+                for (i, o) in outs.into_iter().enumerate() {
+                    let e = Expected {
+                        topic: o.topic.unwrap_or_else(|| default_output.to_string()),
+                        key: o.key.map(|k| k.into_owned()),
+                        value: o.value.map(|v| v.into_owned()),
+                    };
+                    expected.insert((id.0.clone(), id.1, id.2, i), e);
+                }
+            }
+            Err(_) if on_error == OnError::Dlq => {
+                expected_dlq.insert(id);
+            }
+            Err(_) => {}
+        }
+    }
+    r.pending = pending.len();
+    r.expected_outputs = expected.len();
+    r.expected_dlq = expected_dlq.len();
+
+    // Outputs.
+    let mut seen: HashMap<Lineage, usize> = HashMap::new();
+    let mut output_sources: HashSet<(String, i32, i64)> = HashSet::new();
+    for o in &history.outputs {
+        let Some(l) = o.header(LINEAGE).and_then(headers::parse_lineage) else {
+            r.without_lineage += 1;
+            r.note(format!(
+                "output {}[{}]@{} has no lineage header",
+                o.topic, o.partition, o.offset
+            ));
+            continue;
+        };
+        if !in_range(&l.0, l.1, l.2) {
+            continue;
+        }
+        r.outputs += 1;
+        output_sources.insert((l.0.clone(), l.1, l.2));
+        let n = seen.entry(l.clone()).or_default();
+        *n += 1;
+        if *n > 1 {
+            r.duplicated += 1;
+            r.note(format!("output {} seen {} times", show(&l), n));
+            continue;
+        }
+        if pending.contains(&(l.0.clone(), l.1, l.2)) {
+            // Processed after the committed offsets were read: not judged.
+            continue;
+        }
+        match expected.get(&l) {
+            None => {
+                r.unexpected += 1;
+                r.note(format!(
+                    "output {} is not something the transform gives",
+                    show(&l)
+                ));
+            }
+            Some(e) if e.topic != o.topic || e.key != o.key || e.value != o.value => {
+                r.unexpected += 1;
+                r.note(format!(
+                    "output {} differs from the replay: got {} in {}, expected {} in {}",
+                    show(&l),
+                    preview(o.value.as_deref()),
+                    o.topic,
+                    preview(e.value.as_deref()),
+                    e.topic
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    for l in expected.keys() {
+        if !seen.contains_key(l) {
+            r.lost += 1;
+            r.note(format!("output {} is missing", show(l)));
+        }
+    }
+
+    // DLQ.
+    let mut dlq_seen: HashMap<(String, i32, i64), usize> = HashMap::new();
+    for d in &history.dlq {
+        let Some(l) = d.header(LINEAGE).and_then(headers::parse_lineage) else {
+            r.without_lineage += 1;
+            r.note(format!(
+                "DLQ record {}[{}]@{} has no lineage header",
+                d.topic, d.partition, d.offset
+            ));
+            continue;
+        };
+        let id = (l.0.clone(), l.1, l.2);
+        if !in_range(&id.0, id.1, id.2) {
+            continue;
+        }
+        r.dlq += 1;
+        let n = dlq_seen.entry(id.clone()).or_default();
+        *n += 1;
+        if *n > 1 {
+            r.duplicated += 1;
+            r.note(format!("DLQ record for {} seen {} times", show(&l), n));
+            continue;
+        }
+        if output_sources.contains(&id) {
+            r.in_output_and_dlq += 1;
+            r.note(format!("{} is in both the output and the DLQ", show(&l)));
+        }
+        if !pending.contains(&id) && !expected_dlq.contains(&id) {
+            r.unexpected += 1;
+            r.note(format!(
+                "DLQ record for {} but the transform succeeds on it",
+                show(&l)
+            ));
+        }
+    }
+    for id in &expected_dlq {
+        if !dlq_seen.contains_key(id) {
+            r.lost += 1;
+            r.note(format!(
+                "DLQ record for {}/{}/{} is missing",
+                id.0, id.1, id.2
+            ));
+        }
+    }
+
+    // Order: on each output partition, one source partition's outputs keep its order.
+    let mut by_partition: BTreeMap<(&str, i32), Vec<&Rec>> = BTreeMap::new();
+    for o in history.outputs.iter().chain(&history.dlq) {
+        by_partition
+            .entry((&o.topic, o.partition))
+            .or_default()
+            .push(o);
+    }
+    for ((topic, partition), mut recs) in by_partition {
+        recs.sort_by_key(|o| o.offset);
+        let mut last: HashMap<(String, i32), (i64, usize, i64)> = HashMap::new();
+        let mut repeated: HashSet<Lineage> = HashSet::new();
+        for o in recs {
+            let Some(l) = o.header(LINEAGE).and_then(headers::parse_lineage) else {
+                continue;
+            };
+            if !repeated.insert(l.clone()) {
+                // A duplicate is counted as one already.
+                continue;
+            }
+            let key = (l.0.clone(), l.1);
+            if let Some(&(po, pi, at)) = last.get(&key) {
+                if (l.2, l.3) < (po, pi) {
+                    r.order_violations += 1;
+                    r.note(format!(
+                        "{topic}[{partition}]: {} at offset {} comes after {}/{}/{po}/{pi} at {at}",
+                        show(&l),
+                        o.offset,
+                        l.0,
+                        l.1
+                    ));
+                }
+            }
+            last.insert(key, (l.2, l.3, o.offset));
+        }
+    }
+
+    r.group_reached_end = history.committed.as_ref().map(|c| {
+        history
+            .range
+            .iter()
+            .all(|(tp, &(_, end))| c.get(tp).is_some_and(|&next| next >= end))
+    });
+    for p in &history.partitions {
+        if p.hanging() {
+            r.hanging_partitions += 1;
+            r.note(format!(
+                "{}[{}]: last stable offset stuck at {} below high watermark {} (hanging transaction)",
+                p.topic, p.partition, p.last_stable_offset_at_end, p.high_watermark_at_end
+            ));
+        }
+    }
+    r
+}
+
+fn show(l: &Lineage) -> String {
+    format!("{}/{}/{}/{}", l.0, l.1, l.2, l.3)
+}
+
+fn preview(v: Option<&[u8]>) -> String {
+    match v {
+        None => "null".into(),
+        Some(b) => {
+            let mut s = String::from_utf8_lossy(b).into_owned();
+            crate::transform::truncate(&mut s, 60);
+            s
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TransformSpec;
+    use crate::transform::Limits;
+
+    const LIMITS: Limits = Limits {
+        max_output_bytes: 10_000,
+        max_outputs: 10,
+    };
+
+    fn jq(code: &str) -> Transform {
+        Transform::new(
+            &TransformSpec::Jq {
+                program: code.into(),
+                envelope: false,
+            },
+            LIMITS,
+        )
+        .unwrap()
+    }
+
+    fn input(p: i32, o: i64, value: &str) -> Rec {
+        Rec {
+            topic: "in".into(),
+            partition: p,
+            offset: o,
+            value: Some(value.as_bytes().to_vec()),
+            ..Rec::default()
+        }
+    }
+
+    fn output(p: i32, o: i64, lineage: &str, value: &str) -> Rec {
+        Rec {
+            topic: "out".into(),
+            partition: p,
+            offset: o,
+            value: Some(value.as_bytes().to_vec()),
+            headers: vec![(LINEAGE.into(), Some(lineage.as_bytes().to_vec()))],
+            ..Rec::default()
+        }
+    }
+
+    /// Inputs 0..4 on partition 0 ({"n": i}), input 4 not JSON; a clean history of
+    /// `.n * 10` with the poison record in the DLQ.
+    fn clean() -> History {
+        let mut h = History::default();
+        for i in 0..4 {
+            h.inputs.push(input(0, i, &format!(r#"{{"n":{i}}}"#)));
+            h.outputs
+                .push(output(0, i, &format!("in/0/{i}/0"), &format!("{}", i * 10)));
+        }
+        h.inputs.push(input(0, 4, "oops"));
+        let mut d = output(0, 0, "in/0/4/0", "oops");
+        d.topic = "out.dlq".into();
+        h.dlq.push(d);
+        h.range.insert(("in".into(), 0), (0, 5));
+        h
+    }
+
+    fn check(h: &History) -> Report {
+        analyze(h, &jq(".n * 10"), OnError::Dlq, "out")
+    }
+
+    #[test]
+    fn a_clean_history_passes() {
+        let r = check(&clean());
+        assert_eq!(r.anomalies(), 0, "{}", r.summary());
+        assert_eq!(
+            (
+                r.inputs,
+                r.expected_outputs,
+                r.outputs,
+                r.expected_dlq,
+                r.dlq
+            ),
+            (5, 4, 4, 1, 1)
+        );
+        assert!(r.summary().contains("CLEAN"));
+    }
+
+    #[test]
+    fn a_planted_duplicate_is_found() {
+        let mut h = clean();
+        h.outputs.push(output(0, 4, "in/0/2/0", "20"));
+        let r = check(&h);
+        assert_eq!(r.duplicated, 1);
+        assert_eq!(r.anomalies(), 1, "{}", r.summary());
+    }
+
+    #[test]
+    fn a_planted_loss_is_found() {
+        let mut h = clean();
+        h.outputs.remove(1);
+        let r = check(&h);
+        assert_eq!(r.lost, 1);
+        assert_eq!(r.anomalies(), 1);
+        let mut h = clean();
+        h.dlq.clear();
+        assert_eq!(check(&h).lost, 1);
+    }
+
+    #[test]
+    fn a_reorder_is_found() {
+        let mut h = clean();
+        // Output partition 0 holds 1 then 0: the source order is broken.
+        h.outputs[0].offset = 1;
+        h.outputs[1].offset = 0;
+        let r = check(&h);
+        assert_eq!(r.order_violations, 1, "{}", r.summary());
+    }
+
+    #[test]
+    fn a_wrong_transform_result_is_found() {
+        let mut h = clean();
+        h.outputs[2].value = Some(b"21".to_vec());
+        let r = check(&h);
+        assert_eq!(r.unexpected, 1);
+        assert!(r.examples[0].contains("differs"), "{:?}", r.examples);
+    }
+
+    #[test]
+    fn an_output_also_in_the_dlq_is_found() {
+        let mut h = clean();
+        let mut d = output(0, 1, "in/0/3/0", "x");
+        d.topic = "out.dlq".into();
+        h.dlq.push(d);
+        let r = check(&h);
+        assert_eq!(r.in_output_and_dlq, 1);
+        // The transform works on it, so the DLQ copy is unexpected too.
+        assert_eq!(r.unexpected, 1);
+    }
+
+    #[test]
+    fn pending_inputs_are_not_judged() {
+        let mut h = clean();
+        h.outputs.truncate(2);
+        h.dlq.clear();
+        h.committed = Some(BTreeMap::from([(("in".into(), 0), 2)]));
+        let r = check(&h);
+        assert_eq!(r.anomalies(), 0, "{}", r.summary());
+        assert_eq!(r.pending, 3);
+        assert_eq!(r.group_reached_end, Some(false));
+    }
+
+    #[test]
+    fn outputs_outside_the_range_are_ignored() {
+        let mut h = clean();
+        h.outputs.push(output(0, 9, "in/0/99/0", "990"));
+        assert_eq!(check(&h).anomalies(), 0);
+    }
+
+    #[test]
+    fn missing_lineage_and_hanging_transactions_are_anomalies() {
+        let mut h = clean();
+        h.outputs[0].headers.clear();
+        h.partitions.push(PartitionState {
+            topic: "out".into(),
+            partition: 0,
+            high_watermark: 10,
+            last_stable_offset: 7,
+            high_watermark_at_end: 10,
+            last_stable_offset_at_end: 7,
+        });
+        let r = check(&h);
+        assert_eq!(r.without_lineage, 1);
+        assert_eq!(r.hanging_partitions, 1);
+        // The output without lineage cannot be matched: its input counts as lost too.
+        assert_eq!(r.lost, 1);
+    }
+
+    #[test]
+    fn an_unstable_partition_that_moves_is_not_hanging() {
+        let p = PartitionState {
+            topic: "out".into(),
+            partition: 0,
+            high_watermark: 10,
+            last_stable_offset: 7,
+            high_watermark_at_end: 14,
+            last_stable_offset_at_end: 12,
+        };
+        assert!(!p.hanging());
+        assert_eq!(p.unstable(), 2);
+    }
+}

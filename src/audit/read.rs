@@ -1,0 +1,361 @@
+//! Reading a history for the audit: bounded input ranges, outputs and DLQ as read_committed
+//! and read_uncommitted consumers see them, the group's committed offsets, and watermarks.
+//!
+//! The order matters on a live pipeline: committed offsets are read before the outputs, so
+//! every input the group has committed has its outputs visible by the time they are read.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Headers, Message};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+
+use super::{History, PartitionState, Rec};
+use crate::error::Error;
+
+/// One end of the audited input range.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Bound {
+    /// The start (low watermark) or the end (last stable offset) of each partition.
+    Edge,
+    /// The first offset at or after a timestamp (ms), per partition.
+    Time(i64),
+    /// Offsets per partition (applied to every input topic); missing partitions: the edge.
+    Offsets(BTreeMap<i32, i64>),
+}
+
+/// What to read.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Kafka bootstrap servers.
+    pub bootstrap_servers: String,
+    /// Extra librdkafka settings (security).
+    pub consumer_config: Vec<(String, String)>,
+    /// Input topics.
+    pub inputs: Vec<String>,
+    /// Output topics.
+    pub outputs: Vec<String>,
+    /// DLQ topic.
+    pub dlq: Option<String>,
+    /// Group whose committed offsets are checked.
+    pub group: Option<String>,
+    /// Start of the input range.
+    pub from: Bound,
+    /// End of the input range (exclusive).
+    pub to: Bound,
+    /// Bound on each network call and on reading each topic.
+    pub timeout: Duration,
+}
+
+/// Consumer context that does not report reaching the end of a partition as an error: the
+/// audit asks for those events (`enable.partition.eof`) and handles them in its poll loop.
+pub struct AuditContext;
+
+impl ClientContext for AuditContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if !matches!(error, KafkaError::PartitionEOF(_))
+            && error.rdkafka_error_code() != Some(RDKafkaErrorCode::PartitionEOF)
+        {
+            tracing::warn!(%error, reason, "kafka client error");
+        }
+    }
+}
+
+impl ConsumerContext for AuditContext {}
+
+type AuditConsumer = BaseConsumer<AuditContext>;
+
+fn client(plan: &Plan, isolation: &str) -> Result<AuditConsumer, Error> {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &plan.bootstrap_servers)
+        .set("group.id", "exactly-audit")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", isolation);
+    for (k, v) in &plan.consumer_config {
+        c.set(k, v);
+    }
+    c.create_with_context(AuditContext)
+        .map_err(|e| Error::Config(format!("--consumer-config: {e}")))
+}
+
+fn kafka(context: &str) -> impl FnOnce(KafkaError) -> Error + '_ {
+    move |source| Error::Unrecoverable {
+        context: context.to_string(),
+        source,
+    }
+}
+
+/// Reads everything [`super::analyze`] needs.
+pub fn collect(plan: &Plan) -> Result<History, Error> {
+    let committed_client = client(plan, "read_committed")?;
+    let uncommitted_client = client(plan, "read_uncommitted")?;
+    let mut topics: Vec<&String> = plan.inputs.iter().chain(&plan.outputs).collect();
+    topics.extend(plan.dlq.iter());
+
+    let mut partitions: BTreeMap<String, i32> = BTreeMap::new();
+    for t in &topics {
+        let md = committed_client
+            .fetch_metadata(Some(t), plan.timeout)
+            .map_err(kafka("reading topic metadata"))?;
+        let n = md
+            .topics()
+            .iter()
+            .find(|x| x.name() == t.as_str() && x.error().is_none())
+            .map(|x| x.partitions().len() as i32)
+            .ok_or_else(|| Error::Config(format!("topic '{t}' does not exist")))?;
+        partitions.insert(t.to_string(), n);
+    }
+    // Watermarks at the start: a read_committed client's high watermark is the LSO.
+    let mut states = Vec::new();
+    for (t, &n) in &partitions {
+        for p in 0..n {
+            let (_, hw) = uncommitted_client
+                .fetch_watermarks(t, p, plan.timeout)
+                .map_err(kafka("reading high watermarks"))?;
+            let (_, lso) = committed_client
+                .fetch_watermarks(t, p, plan.timeout)
+                .map_err(kafka("reading last stable offsets"))?;
+            states.push(PartitionState {
+                topic: t.clone(),
+                partition: p,
+                high_watermark: hw,
+                last_stable_offset: lso,
+                high_watermark_at_end: hw,
+                last_stable_offset_at_end: lso,
+            });
+        }
+    }
+
+    // The input range.
+    let mut range = BTreeMap::new();
+    for t in &plan.inputs {
+        for p in 0..partitions[t] {
+            let (low, _) = uncommitted_client
+                .fetch_watermarks(t, p, plan.timeout)
+                .map_err(kafka("reading low watermarks"))?;
+            let lso = states
+                .iter()
+                .find(|s| &s.topic == t && s.partition == p)
+                .map_or(0, |s| s.last_stable_offset);
+            let start = resolve(&committed_client, &plan.from, t, p, low, plan.timeout)?;
+            let end = resolve(&committed_client, &plan.to, t, p, lso, plan.timeout)?.min(lso);
+            range.insert((t.clone(), p), (start.max(low), end));
+        }
+    }
+
+    // Committed offsets before outputs (see the module comment). Without require_stable
+    // (a read_uncommitted client does not ask for it): a hanging transaction must not block.
+    let committed = match &plan.group {
+        None => None,
+        Some(g) => Some(group_offsets(plan, g, &range)?),
+    };
+
+    let mut inputs = Vec::new();
+    for t in &plan.inputs {
+        let ranges: BTreeMap<i32, (i64, i64)> = range
+            .iter()
+            .filter(|((rt, _), _)| rt == t)
+            .map(|((_, p), r)| (*p, *r))
+            .collect();
+        inputs.extend(read_ranges(&committed_client, t, &ranges, plan.timeout)?);
+    }
+    let first_ts = inputs.iter().filter_map(|r| r.timestamp).min();
+    let mut output_topics: Vec<&String> = plan.outputs.iter().collect();
+    output_topics.extend(plan.dlq.iter());
+    let mut outputs = Vec::new();
+    let mut dlq = Vec::new();
+    let mut aborted = 0;
+    for t in output_topics {
+        let mut ranges = BTreeMap::new();
+        for p in 0..partitions[t] {
+            // Outputs carry their input's timestamp: start where the range's oldest input is.
+            let start = match first_ts {
+                Some(ts) => resolve(&committed_client, &Bound::Time(ts), t, p, 0, plan.timeout)?,
+                None => 0,
+            };
+            ranges.insert(p, (start, i64::MAX));
+        }
+        let committed_recs = read_ranges(&committed_client, t, &ranges, plan.timeout)?;
+        let visible: HashSet<(i32, i64)> = committed_recs
+            .iter()
+            .map(|r| (r.partition, r.offset))
+            .collect();
+        let all = read_ranges(&uncommitted_client, t, &ranges, plan.timeout)?;
+        aborted += all
+            .iter()
+            .filter(|r| !visible.contains(&(r.partition, r.offset)))
+            .count();
+        if Some(t) == plan.dlq.as_ref() {
+            dlq.extend(committed_recs);
+        } else {
+            outputs.extend(committed_recs);
+        }
+    }
+
+    // Watermarks at the end: a partition whose LSO did not move while it stayed below the
+    // high watermark holds a hanging transaction.
+    for s in &mut states {
+        let (_, hw) = uncommitted_client
+            .fetch_watermarks(&s.topic, s.partition, plan.timeout)
+            .map_err(kafka("reading high watermarks"))?;
+        let (_, lso) = committed_client
+            .fetch_watermarks(&s.topic, s.partition, plan.timeout)
+            .map_err(kafka("reading last stable offsets"))?;
+        s.high_watermark_at_end = hw;
+        s.last_stable_offset_at_end = lso;
+    }
+
+    Ok(History {
+        inputs,
+        range,
+        outputs,
+        dlq,
+        aborted,
+        committed,
+        partitions: states,
+    })
+}
+
+/// The offset a bound means on one partition; `edge` where it does not say.
+fn resolve(
+    c: &AuditConsumer,
+    bound: &Bound,
+    topic: &str,
+    partition: i32,
+    edge: i64,
+    timeout: Duration,
+) -> Result<i64, Error> {
+    match bound {
+        Bound::Edge => Ok(edge),
+        Bound::Offsets(map) => Ok(map.get(&partition).copied().unwrap_or(edge)),
+        Bound::Time(ts) => {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(topic, partition, Offset::Offset(*ts))
+                .map_err(kafka("building a time query"))?;
+            let got = c
+                .offsets_for_times(tpl, timeout)
+                .map_err(kafka("offsets for times"))?;
+            let offset = got.elements().first().map(|e| e.offset());
+            Ok(match offset {
+                Some(Offset::Offset(o)) => o,
+                // No record at or after the time: the end of the partition.
+                _ => {
+                    let (_, high) = c
+                        .fetch_watermarks(topic, partition, timeout)
+                        .map_err(kafka("reading watermarks"))?;
+                    high
+                }
+            })
+        }
+    }
+}
+
+fn group_offsets(
+    plan: &Plan,
+    group: &str,
+    range: &BTreeMap<(String, i32), (i64, i64)>,
+) -> Result<BTreeMap<(String, i32), i64>, Error> {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &plan.bootstrap_servers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_uncommitted");
+    for (k, v) in &plan.consumer_config {
+        c.set(k, v);
+    }
+    let consumer: BaseConsumer = c
+        .create()
+        .map_err(|e| Error::Config(format!("--consumer-config: {e}")))?;
+    let mut tpl = TopicPartitionList::new();
+    for (t, p) in range.keys() {
+        tpl.add_partition(t, *p);
+    }
+    let got = consumer
+        .committed_offsets(tpl, plan.timeout)
+        .map_err(kafka("reading the group's committed offsets"))?;
+    Ok(got
+        .elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(o) => Some(((e.topic().to_string(), e.partition()), o)),
+            _ => None,
+        })
+        .collect())
+}
+
+/// Reads [start, end) of each partition of one topic (end = i64::MAX: to the end the client
+/// sees). One topic at a time: librdkafka's end-of-partition event names only the partition.
+fn read_ranges(
+    c: &AuditConsumer,
+    topic: &str,
+    ranges: &BTreeMap<i32, (i64, i64)>,
+    timeout: Duration,
+) -> Result<Vec<Rec>, Error> {
+    let mut tpl = TopicPartitionList::new();
+    let mut open: HashMap<i32, i64> = HashMap::new();
+    for (&p, &(start, end)) in ranges {
+        if start < end {
+            tpl.add_partition_offset(topic, p, Offset::Offset(start))
+                .map_err(kafka("building an assignment"))?;
+            open.insert(p, end);
+        }
+    }
+    let mut out = Vec::new();
+    if open.is_empty() {
+        return Ok(out);
+    }
+    c.assign(&tpl).map_err(kafka("assigning partitions"))?;
+    let mut last_progress = Instant::now();
+    while !open.is_empty() {
+        if last_progress.elapsed() > timeout {
+            let mut left: Vec<&i32> = open.keys().collect();
+            left.sort();
+            return Err(Error::Startup(format!(
+                "no progress reading {topic} partitions {left:?} within {timeout:?} (--timeout)"
+            )));
+        }
+        match c.poll(Duration::from_millis(200)) {
+            None => {}
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                open.remove(&p);
+                last_progress = Instant::now();
+            }
+            Some(Err(e)) => return Err(kafka("reading records")(e)),
+            Some(Ok(m)) => {
+                last_progress = Instant::now();
+                let p = m.partition();
+                let Some(&end) = open.get(&p) else { continue };
+                if m.offset() >= end {
+                    open.remove(&p);
+                    continue;
+                }
+                out.push(Rec {
+                    topic: topic.to_string(),
+                    partition: p,
+                    offset: m.offset(),
+                    timestamp: m.timestamp().to_millis(),
+                    key: m.key().map(<[u8]>::to_vec),
+                    value: m.payload().map(<[u8]>::to_vec),
+                    headers: m
+                        .headers()
+                        .map(|h| {
+                            h.iter()
+                                .map(|x| (x.key.to_string(), x.value.map(<[u8]>::to_vec)))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                });
+                if m.offset() + 1 >= end {
+                    open.remove(&p);
+                }
+            }
+        }
+    }
+    c.unassign().map_err(kafka("unassigning"))?;
+    Ok(out)
+}
