@@ -92,6 +92,9 @@ share.coordinator.state.topic.min.isr=1
 # Tests join and leave groups often; do not hold the first rebalance back.
 group.initial.rebalance.delay.ms=0
 group.min.session.timeout.ms=1000
+# A broker killed and restarted (fault tests) waits for its old registration to expire.
+broker.heartbeat.interval.ms=1000
+broker.session.timeout.ms=3000
 # Aborts and kills leave open transactions behind; let the coordinator find them quickly.
 transaction.abort.timed.out.transaction.cleanup.interval.ms=5000
 log.retention.check.interval.ms=60000
@@ -117,7 +120,10 @@ start() {
     >>"$run/broker.log" 2>&1 </dev/null &
   echo $! >"$run/pid"
   local deadline=$((SECONDS + 90))
-  until tail -n +"$((mark + 1))" "$run/broker.log" | grep -q "Kafka Server started" && serving; do
+  # grep without -q reads all its input: an early exit would SIGPIPE tail and, with pipefail,
+  # fail the check.
+  until tail -n +"$((mark + 1))" "$run/broker.log" | grep -F "Kafka Server started" >/dev/null &&
+    serving; do
     if ! pid_alive; then
       tail -40 "$run/broker.log" >&2
       log "broker exited during start-up"

@@ -334,6 +334,11 @@ pub struct RunArgs {
     /// as an abortable commit error. Used by the test suite to prove aborts are invisible.
     #[arg(long, env = "EXACTLY_TEST_ABORT_EVERY", value_name = "N", hide = true, value_parser = clap::value_parser!(u64).range(1..))]
     pub test_abort_every: Option<u64>,
+
+    /// Testing only: abort instead of committing each transaction with this probability
+    /// (0 to 1). Used by the fault-injection suite.
+    #[arg(long, env = "EXACTLY_TEST_ABORT_PROBABILITY", value_name = "P", hide = true, conflicts_with = "test_abort_every", value_parser = parse_probability)]
+    pub test_abort_probability: Option<f64>,
 }
 
 /// The transform, shared by `run` and `audit` (which replays it).
@@ -515,8 +520,8 @@ pub struct Config {
     pub startup_timeout: Duration,
     /// Shutdown grace.
     pub shutdown_grace: Duration,
-    /// Testing only: abort every Nth transaction.
-    pub test_abort_every: Option<u64>,
+    /// Testing only: transactions to abort instead of committing.
+    pub test_aborts: Option<crate::txn::TestAborts>,
 }
 
 impl RunArgs {
@@ -623,7 +628,11 @@ impl RunArgs {
             producer_config: self.producer_config,
             startup_timeout: self.startup_timeout,
             shutdown_grace: self.shutdown_grace,
-            test_abort_every: self.test_abort_every,
+            test_aborts: match (self.test_abort_every, self.test_abort_probability) {
+                (Some(n), _) => Some(crate::txn::TestAborts::Every(n)),
+                (None, Some(p)) => Some(crate::txn::TestAborts::Probability(p)),
+                (None, None) => None,
+            },
         })
     }
 }
@@ -677,6 +686,13 @@ fn check_passthrough(
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 100ms, 5s, 2m)"))
+}
+
+fn parse_probability(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        _ => Err(format!("'{s}' is not a probability between 0 and 1")),
+    }
 }
 
 fn parse_key_value(s: &str) -> Result<(String, String), String> {

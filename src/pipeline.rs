@@ -43,7 +43,7 @@ pub fn run(
         config.startup_timeout,
         health.clone(),
         shutdown.clone(),
-        config.test_abort_every,
+        config.test_aborts,
     )?;
     let max_message_bytes = check_topics(&driver, config)?;
     let consumer: PipelineConsumer = kafka::consumer_config(config)

@@ -144,7 +144,18 @@ pub struct TxnDriver {
     failures_in_a_row: u32,
     fatal: Option<Error>,
     attempts: u64,
-    test_abort_every: Option<u64>,
+    test_aborts: Option<TestAborts>,
+    rng: u64,
+}
+
+/// Testing only: transactions to abort instead of committing, through the same path as an
+/// abortable commit error.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum TestAborts {
+    /// Every Nth commit.
+    Every(u64),
+    /// Each commit with this probability.
+    Probability(f64),
 }
 
 impl TxnDriver {
@@ -155,7 +166,7 @@ impl TxnDriver {
         startup_timeout: Duration,
         health: Arc<Health>,
         shutdown: CancellationToken,
-        test_abort_every: Option<u64>,
+        test_aborts: Option<TestAborts>,
     ) -> Result<TxnDriver, Error> {
         let deadline = Instant::now() + startup_timeout;
         let mut last: Option<KafkaError> = None;
@@ -179,7 +190,8 @@ impl TxnDriver {
                         failures_in_a_row: 0,
                         fatal: None,
                         attempts: 0,
-                        test_abort_every,
+                        test_aborts,
+                        rng: seed(),
                     });
                 }
                 Err(e) => {
@@ -330,19 +342,19 @@ impl TxnDriver {
     /// Commits the open transaction: offsets first, then EndTxn. Any failure ends in an abort
     /// or a new producer, with a rewind pending; only unrecoverable errors are returned.
     pub fn commit(&mut self, gm: &ConsumerGroupMetadata) -> Result<Outcome, Error> {
-        let Some(t) = self.open.as_ref() else {
+        if self.open.is_none() {
             return Ok(Outcome::Empty);
-        };
-        let records = t.records;
+        }
         self.attempts += 1;
-        if self
-            .test_abort_every
-            .is_some_and(|n| self.attempts % n == 0)
-        {
+        if self.test_abort_now() {
             info!("test switch: aborting this transaction instead of committing it");
             self.abort("test_injected")?;
             return Ok(Outcome::Aborted);
         }
+        let Some(t) = self.open.as_ref() else {
+            return Ok(Outcome::Empty);
+        };
+        let records = t.records;
         let mut tpl = TopicPartitionList::new();
         for (topic, partition, next) in t.next_offsets() {
             tpl.add_partition_offset(topic, partition, Offset::Offset(next))
@@ -465,6 +477,20 @@ impl TxnDriver {
         }
     }
 
+    fn test_abort_now(&mut self) -> bool {
+        match self.test_aborts {
+            None => false,
+            Some(TestAborts::Every(n)) => self.attempts % n == 0,
+            Some(TestAborts::Probability(p)) => {
+                // xorshift64: test-only randomness without a dependency.
+                self.rng ^= self.rng << 13;
+                self.rng ^= self.rng >> 7;
+                self.rng ^= self.rng << 17;
+                ((self.rng >> 11) as f64 / (1u64 << 53) as f64) < p
+            }
+        }
+    }
+
     fn past_deadline(&self) -> bool {
         self.deadline.is_some_and(|d| Instant::now() >= d)
     }
@@ -517,6 +543,13 @@ impl TxnDriver {
             }
         }
     }
+}
+
+fn seed() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    (t ^ u64::from(std::process::id()).rotate_left(32)) | 1
 }
 
 /// 0, then 100 ms doubling to 10 s, by consecutive failures.

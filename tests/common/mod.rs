@@ -162,44 +162,60 @@ impl In {
     }
 }
 
-/// Writes records (idempotent producer, no transaction) and waits for every delivery.
-pub fn produce(topic: &str, records: &[In]) {
-    let p: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "5")
-        .create()
-        .unwrap();
-    for r in records {
-        let mut headers = OwnedHeaders::new();
-        for (k, v) in &r.headers {
-            headers = headers.insert(Header {
-                key: k,
-                value: Some(v),
-            });
-        }
-        let mut rec = BaseRecord::<[u8], [u8]>::to(topic)
-            .partition(r.partition)
-            .headers(headers);
-        if let Some(k) = &r.key {
-            rec = rec.key(k);
-        }
-        if let Some(v) = &r.value {
-            rec = rec.payload(v);
-        }
-        let mut rec = rec;
-        loop {
-            match p.send(rec) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(_), back)) => {
-                    rec = back;
-                    p.poll(Duration::from_millis(10));
+/// An idempotent, non-transactional producer for test input.
+pub struct Writer(ThreadedProducer<DefaultProducerContext>);
+
+impl Writer {
+    pub fn new() -> Writer {
+        Writer(
+            ClientConfig::new()
+                .set("bootstrap.servers", bootstrap())
+                .set("enable.idempotence", "true")
+                .set("linger.ms", "5")
+                .create()
+                .unwrap(),
+        )
+    }
+
+    /// Writes records and waits for every delivery.
+    pub fn write(&self, topic: &str, records: &[In]) {
+        for r in records {
+            let mut headers = OwnedHeaders::new();
+            for (k, v) in &r.headers {
+                headers = headers.insert(Header {
+                    key: k,
+                    value: Some(v),
+                });
+            }
+            let mut rec = BaseRecord::<[u8], [u8]>::to(topic)
+                .partition(r.partition)
+                .headers(headers);
+            if let Some(k) = &r.key {
+                rec = rec.key(k);
+            }
+            if let Some(v) = &r.value {
+                rec = rec.payload(v);
+            }
+            loop {
+                match self.0.send(rec) {
+                    Ok(()) => break,
+                    Err((KafkaError::MessageProduction(_), back)) => {
+                        rec = back;
+                        self.0.poll(Duration::from_millis(10));
+                    }
+                    Err((e, _)) => panic!("produce: {e}"),
                 }
-                Err((e, _)) => panic!("produce: {e}"),
             }
         }
+        self.0
+            .flush(Duration::from_secs(120))
+            .expect("flush test input");
     }
-    p.flush(Duration::from_secs(60)).expect("flush test input");
+}
+
+/// Writes records (idempotent producer, no transaction) and waits for every delivery.
+pub fn produce(topic: &str, records: &[In]) {
+    Writer::new().write(topic, records);
 }
 
 /// JSON inputs `{"id": i, "n": i}` keyed `k<i>`, spread round-robin over `partitions`.
@@ -258,10 +274,7 @@ pub fn read_all(topic: &str, isolation: &str) -> Vec<Out> {
         .set("enable.auto.commit", "false")
         .create()
         .unwrap();
-    let md = c
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .unwrap();
-    let partitions = md.topics()[0].partitions().len() as i32;
+    let partitions = partition_count(&c, topic);
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
         tpl.add_partition_offset(topic, p, Offset::Beginning)
@@ -302,24 +315,50 @@ pub fn read_all(topic: &str, isolation: &str) -> Vec<Out> {
     out
 }
 
+/// Retries a Kafka call for up to a minute: right after a broker restart (fault tests) or on a
+/// fresh broker, metadata and coordinators take a moment.
+pub fn retry<T>(what: &str, f: impl Fn() -> Result<T, KafkaError>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("{what}: {e}; retrying");
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
+
+fn partition_count(c: &BaseConsumer, topic: &str) -> i32 {
+    retry(&format!("metadata of {topic}"), || {
+        let md = c.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        match md
+            .topics()
+            .first()
+            .map(|t| (t.error(), t.partitions().len()))
+        {
+            Some((None, n)) if n > 0 => Ok(n as i32),
+            _ => Err(KafkaError::MetadataFetch(
+                rdkafka::types::RDKafkaErrorCode::UnknownTopic,
+            )),
+        }
+    })
+}
+
 /// High watermark per partition.
 pub fn end_offsets(topic: &str) -> BTreeMap<i32, i64> {
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .create()
         .unwrap();
-    let md = c
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .unwrap();
-    let n = md.topics()[0].partitions().len() as i32;
-    (0..n)
+    (0..partition_count(&c, topic))
         .map(|p| {
-            (
-                p,
+            let hw = retry(&format!("watermarks of {topic}[{p}]"), || {
                 c.fetch_watermarks(topic, p, Duration::from_secs(10))
-                    .unwrap()
-                    .1,
-            )
+            });
+            (p, hw.1)
         })
         .collect()
 }
@@ -341,18 +380,9 @@ pub fn committed(group: &str, topic: &str) -> BTreeMap<i32, i64> {
     for p in 0..n {
         tpl.add_partition(topic, p);
     }
-    // Right after a kill the coordinator may be busy settling the dead producer: retry.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let got = loop {
-        match c.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
-            Ok(got) => break got,
-            Err(e) if Instant::now() < deadline => {
-                eprintln!("committed offsets of {group}: {e}; retrying");
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            Err(e) => panic!("committed offsets of {group}: {e}"),
-        }
-    };
+    let got = retry(&format!("committed offsets of {group}"), || {
+        c.committed_offsets(tpl.clone(), Duration::from_secs(10))
+    });
     got.elements()
         .iter()
         .filter_map(|e| match e.offset() {
@@ -542,6 +572,18 @@ impl Exactly {
         Exactly { child, log, name }
     }
 
+    /// The process has exited (a zombie waiting to be reaped counts). Linux only: reads /proc,
+    /// because `try_wait` needs `&mut` and the callers only hold `&`.
+    pub fn has_exited(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))
+            .map(|s| {
+                s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(true)
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
     }
@@ -631,4 +673,59 @@ pub fn count_partitions(owned: &str) -> usize {
                 .count()
         })
         .sum()
+}
+
+/// (partition, last stable offset, high watermark) of every partition of `topic`.
+pub fn stability(topic: &str) -> Vec<(i32, i64, i64)> {
+    let rc: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("isolation.level", "read_committed")
+        .create()
+        .unwrap();
+    let ru: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("isolation.level", "read_uncommitted")
+        .create()
+        .unwrap();
+    let n = end_offsets(topic).len() as i32;
+    (0..n)
+        .map(|p| {
+            let t = Duration::from_secs(10);
+            let lso = retry("last stable offset", || rc.fetch_watermarks(topic, p, t)).1;
+            let hw = retry("high watermark", || ru.fetch_watermarks(topic, p, t)).1;
+            (p, lso, hw)
+        })
+        .collect()
+}
+
+/// Runs `exactly audit --json` and returns (exit code, report).
+pub fn audit_json(args: &[&str]) -> (i32, serde_json::Value) {
+    let out = Command::new(env!("CARGO_BIN_EXE_exactly"))
+        .arg("audit")
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!(
+            "audit printed no JSON ({e}): {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code().unwrap_or(-1), report)
+}
+
+/// Partition numbers in a logged assignment like `topic[0,1,2]`.
+pub fn partitions_of(owned: &str) -> Vec<i32> {
+    owned
+        .split_whitespace()
+        .filter_map(|t| t.split_once('['))
+        .flat_map(|(_, ps)| {
+            ps.trim_end_matches(']')
+                .split(',')
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }

@@ -1,0 +1,633 @@
+//! Fault injection against the real broker, proven by `exactly audit`.
+//!
+//! Each scenario runs the same workload — JSON records with sequence ids, 1% poison (half not
+//! JSON, half a jq runtime error), on 6 input partitions, through a jq program that fans some
+//! records out to two outputs, into 3 output partitions — while a generator writes the input
+//! at a steady rate and faults are injected. It passes when the audit finds 0 lost, 0
+//! duplicated, 0 unexpected, order held, and the group's lag is 0 with the last stable offset
+//! equal to the high watermark on every output partition within 60 s of the last fault.
+//!
+//! Profiles (`EXACTLY_FAULT_PROFILE`): `reduced` (default, in CI: every fault kind at least
+//! once, about 3,000 records a scenario) and `full` (`scripts/faults.sh`: 100,000 records a
+//! scenario). With `EXACTLY_FAULT_REPORT=path` each scenario appends one JSON line of figures.
+//! Scenarios run one at a time: one of them restarts the broker.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::Signal;
+use rand::Rng;
+use serde_json::{Value, json};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const PROGRAM: &str = "if .fan then ({seq, v: (.n + 1)}, {seq, v: (.n + 1), copy: true}) \
+                       else {seq, v: (.n + 1)} end";
+
+#[derive(Clone, Copy, Debug)]
+struct Profile {
+    name: &'static str,
+    records: usize,
+    per_second: usize,
+    kills: usize,
+    terms: usize,
+    membership_changes: usize,
+    change_every: (u64, u64),
+    broker_kills: usize,
+}
+
+fn profile() -> Profile {
+    match std::env::var("EXACTLY_FAULT_PROFILE").as_deref() {
+        Ok("full") => Profile {
+            name: "full",
+            records: 100_000,
+            per_second: 600,
+            kills: 10,
+            terms: 3,
+            membership_changes: 10,
+            change_every: (10_000, 20_000),
+            broker_kills: 2,
+        },
+        _ => Profile {
+            name: "reduced",
+            records: 3_000,
+            per_second: 150,
+            kills: 2,
+            terms: 1,
+            membership_changes: 4,
+            change_every: (2_000, 4_000),
+            broker_kills: 1,
+        },
+    }
+}
+
+fn record(i: usize) -> In {
+    let p = (i % 6) as i32;
+    let key = format!("k{i}");
+    match i % 100 {
+        37 => In::raw(p, &key, format!("not json {i}").as_bytes()),
+        73 => In::json(p, &key, json!({"seq": i, "n": "x"})),
+        _ => In::json(p, &key, json!({"seq": i, "n": i, "fan": i % 10 == 0})),
+    }
+}
+
+/// Writes the workload at a steady rate; returns when all is written.
+fn generator(topic: String, profile: Profile) -> JoinHandle<Instant> {
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        let writer = Writer::new();
+        let batch = (profile.per_second / 10).max(1);
+        let mut i = 0;
+        while i < profile.records {
+            let n = batch.min(profile.records - i);
+            let records: Vec<In> = (i..i + n).map(record).collect();
+            writer.write(&topic, &records);
+            i += n;
+            let due = start + Duration::from_secs_f64(i as f64 / profile.per_second as f64);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+        }
+        Instant::now()
+    })
+}
+
+struct Fault {
+    kind: &'static str,
+    recovery: Duration,
+}
+
+/// One scenario: topics, generator, instances, faults.
+struct Run {
+    name: String,
+    profile: Profile,
+    topics: Topics,
+    group: String,
+    extra: Vec<String>,
+    live: Vec<Option<Exactly>>,
+    retired: Vec<Exactly>,
+    generator: Option<JoinHandle<Instant>>,
+    faults: Vec<Fault>,
+    last_fault: Option<Instant>,
+    started: Instant,
+}
+
+impl Run {
+    fn new(name: &str, instances: usize, extra: &[&str]) -> Run {
+        Self::scaled(name, instances, extra, 1)
+    }
+
+    /// A run whose input is `scale` times the profile's (and lasts that much longer).
+    fn scaled(name: &str, instances: usize, extra: &[&str], scale: usize) -> Run {
+        let mut profile = profile();
+        profile.records *= scale;
+        let topics = Topics::create(name, 6, 3);
+        let group = unique(&format!("{name}-g"));
+        let generator = Some(generator(topics.input.clone(), profile));
+        let mut run = Run {
+            name: name.to_string(),
+            profile,
+            topics,
+            group,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            live: (0..instances).map(|_| None).collect(),
+            retired: Vec::new(),
+            generator,
+            faults: Vec::new(),
+            last_fault: None,
+            started: Instant::now(),
+        };
+        for i in 0..instances {
+            run.start(i);
+        }
+        run
+    }
+
+    fn total(&self) -> i64 {
+        self.profile.records as i64
+    }
+
+    fn start(&mut self, i: usize) {
+        let mut args = base_args(&self.topics, &self.group, &format!("{}-{i}", self.name));
+        args.extend(["--jq".to_string(), PROGRAM.to_string()]);
+        if !self.extra.iter().any(|a| a == "--transaction-timeout") {
+            // Short, so a killed instance's open transaction is aborted soon.
+            args.extend(["--transaction-timeout".to_string(), "10s".to_string()]);
+        }
+        args.extend(self.extra.iter().cloned());
+        assert!(self.live[i].is_none());
+        self.live[i] = Some(Exactly::start(&args));
+    }
+
+    fn retire(&mut self, i: usize) {
+        if let Some(p) = self.live[i].take() {
+            self.retired.push(p);
+        }
+    }
+
+    fn kill9(&mut self, i: usize) {
+        self.live[i].as_mut().unwrap().kill9();
+        self.retire(i);
+    }
+
+    fn sigterm(&mut self, i: usize) {
+        let p = self.live[i].as_mut().unwrap();
+        p.signal(Signal::SIGTERM);
+        let status = p.wait(Duration::from_secs(20));
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "SIGTERM exit; log:\n{}",
+            p.log_text()
+        );
+        self.retire(i);
+    }
+
+    fn progress(&self) -> i64 {
+        for p in self.live.iter().flatten() {
+            if p.has_exited() {
+                panic!(
+                    "{}: {} exited on its own; log:\n{}",
+                    self.name,
+                    p.name,
+                    p.log_text()
+                );
+            }
+        }
+        committed_total(&self.group, &self.topics.input)
+    }
+
+    fn generating(&self) -> bool {
+        self.generator.as_ref().is_some_and(|g| !g.is_finished())
+    }
+
+    /// Waits until `n` input offsets are committed, or the input is all committed.
+    fn wait_progress(&self, n: i64, timeout: Duration) -> i64 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let p = self.progress();
+            if p >= n.min(self.total()) {
+                return p;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: progress stuck at {p} (waiting for {n})",
+                self.name
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Injects a fault and measures the recovery: the time from the start of the fault until
+    /// the group's committed offsets move again (or everything is committed).
+    fn fault(&mut self, kind: &'static str, inject: impl FnOnce(&mut Run)) {
+        self.fault_on(kind, None, inject)
+    }
+
+    /// Like [`Run::fault`], watching only the input partitions `watch` when given.
+    fn fault_on(
+        &mut self,
+        kind: &'static str,
+        watch: Option<&[i32]>,
+        inject: impl FnOnce(&mut Run),
+    ) {
+        let moved = |run: &Run, before: &BTreeMap<i32, i64>| {
+            let now = committed(&run.group, &run.topics.input);
+            let total: i64 = now.values().sum();
+            total >= run.total()
+                || now.iter().any(|(p, o)| {
+                    watch.is_none_or(|w| w.contains(p)) && before.get(p).is_none_or(|b| o > b)
+                })
+        };
+        let before = committed(&self.group, &self.topics.input);
+        let t0 = Instant::now();
+        inject(self);
+        let deadline = t0 + Duration::from_secs(180);
+        while !moved(self, &before) {
+            assert!(
+                Instant::now() < deadline,
+                "{}: no progress after {kind}",
+                self.name
+            );
+            self.progress();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let recovery = t0.elapsed();
+        let before: i64 = before.values().sum();
+        eprintln!(
+            "[{}] {kind}: progress {before} -> moving again after {recovery:?}",
+            self.name
+        );
+        self.faults.push(Fault { kind, recovery });
+        self.last_fault = Some(Instant::now());
+    }
+
+    /// Waits until a further `fraction` of the input is committed (and a random moment more),
+    /// so the next fault lands on fresh progress. False when the input would run out first.
+    fn after_more_progress(&self, fraction: f64) -> bool {
+        let target = self.progress() + (self.total() as f64 * fraction) as i64;
+        if target >= self.total() {
+            return false;
+        }
+        self.wait_progress(target, Duration::from_secs(120));
+        std::thread::sleep(Duration::from_millis(rand::rng().random_range(0..300)));
+        self.generating()
+    }
+
+    fn events(&self, message: &str) -> usize {
+        self.live
+            .iter()
+            .flatten()
+            .chain(&self.retired)
+            .map(|p| p.events(message).len())
+            .sum()
+    }
+
+    /// Waits for the end, checks lag and stability, stops everything, audits, reports.
+    fn finish(mut self) -> Value {
+        let generated = self.generator.take().unwrap().join().expect("generator");
+        let settle_from = self.last_fault.map_or(generated, |f| f.max(generated));
+        let deadline = settle_from + Duration::from_secs(60);
+        let end = end_offsets(&self.topics.input);
+        let settled = loop {
+            let lag_zero = committed(&self.group, &self.topics.input) == end;
+            let stable = [&self.topics.output, &self.topics.dlq]
+                .iter()
+                .all(|t| stability(t).iter().all(|(_, lso, hw)| lso == hw));
+            if lag_zero && stable {
+                break settle_from.elapsed();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: lag {:?} vs end {end:?}, stable {stable}, 60 s after the last fault",
+                self.name,
+                committed(&self.group, &self.topics.input)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        for i in 0..self.live.len() {
+            if self.live[i].is_some() {
+                self.sigterm(i);
+            }
+        }
+        let b = bootstrap();
+        let (code, report) = audit_json(&[
+            "--bootstrap-servers",
+            &b,
+            "--input-topics",
+            &self.topics.input,
+            "--output-topic",
+            &self.topics.output,
+            "--group-id",
+            &self.group,
+            "--jq",
+            PROGRAM,
+            "--timeout",
+            "30s",
+        ]);
+        for f in [
+            "lost",
+            "duplicated",
+            "unexpected",
+            "in_output_and_dlq",
+            "order_violations",
+            "without_lineage",
+            "hanging_partitions",
+            "pending",
+        ] {
+            assert_eq!(report[f], 0, "{}: audit {f}: {report:#}", self.name);
+        }
+        assert_eq!(code, 0, "{report:#}");
+        assert_eq!(report["group_reached_end"], true);
+        assert_eq!(report["inputs"], self.profile.records);
+        // The poison records, all in the DLQ.
+        let poison = (0..self.profile.records)
+            .filter(|i| i % 100 == 37 || i % 100 == 73)
+            .count();
+        assert_eq!(report["dlq"], poison);
+
+        let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+        for f in &self.faults {
+            *kinds.entry(f.kind).or_default() += 1;
+        }
+        let longest = self
+            .faults
+            .iter()
+            .map(|f| f.recovery)
+            .max()
+            .unwrap_or_default();
+        let figures = json!({
+            "scenario": self.name,
+            "profile": self.profile.name,
+            "records": self.profile.records,
+            "outputs": report["outputs"],
+            "dlq": report["dlq"],
+            "aborted_records": report["aborted"],
+            "faults": kinds,
+            "aborts_logged": self.events("transaction aborted"),
+            "producer_recreations": self.events("producer recreated"),
+            "rebalance_events": self.events("assignment now"),
+            "anomalies": 0,
+            "longest_recovery_s": longest.as_secs_f64(),
+            "settled_after_last_fault_s": settled.as_secs_f64(),
+            "duration_s": self.started.elapsed().as_secs_f64(),
+        });
+        eprintln!("[{}] {figures}", self.name);
+        if let Ok(path) = std::env::var("EXACTLY_FAULT_REPORT") {
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .unwrap();
+            writeln!(f, "{figures}").unwrap();
+        }
+        figures
+    }
+}
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[test]
+fn kill_9_repeatedly() {
+    let _s = serial();
+    let mut run = Run::new("f-kill", 1, &["--static-membership"]);
+    for _ in 0..run.profile.kills {
+        if !run.after_more_progress(0.05) {
+            break;
+        }
+        run.fault("kill -9", |r| {
+            r.kill9(0);
+            r.start(0);
+        });
+    }
+    assert!(!run.faults.is_empty(), "no kill landed mid-stream");
+    run.finish();
+}
+
+#[test]
+fn sigterm_restarts() {
+    let _s = serial();
+    let mut run = Run::new("f-term", 1, &[]);
+    for _ in 0..run.profile.terms {
+        if !run.after_more_progress(0.05) {
+            break;
+        }
+        run.fault("SIGTERM restart", |r| {
+            r.sigterm(0);
+            r.start(0);
+        });
+    }
+    assert!(!run.faults.is_empty());
+    run.finish();
+}
+
+/// Stops and starts members of a three-instance group at random intervals.
+fn change_membership(run: &mut Run, changes: usize) {
+    let mut rng = rand::rng();
+    for _ in 0..changes {
+        let (lo, hi) = run.profile.change_every;
+        std::thread::sleep(Duration::from_millis(rng.random_range(lo..=hi)));
+        if !run.generating() {
+            break;
+        }
+        let alive: Vec<usize> = (0..run.live.len())
+            .filter(|&i| run.live[i].is_some())
+            .collect();
+        let dead: Vec<usize> = (0..run.live.len())
+            .filter(|&i| run.live[i].is_none())
+            .collect();
+        let leave = match (alive.len(), dead.is_empty()) {
+            (1, _) => false,
+            (_, true) => true,
+            _ => rng.random_bool(0.5),
+        };
+        if leave {
+            let i = alive[rng.random_range(0..alive.len())];
+            run.fault("member leaves", |r| r.sigterm(i));
+        } else {
+            let i = dead[0];
+            run.fault("member joins", |r| r.start(i));
+        }
+    }
+}
+
+#[test]
+fn membership_changes() {
+    let _s = serial();
+    let mut run = Run::new("f-members", 3, &[]);
+    let changes = run.profile.membership_changes;
+    change_membership(&mut run, changes);
+    assert!(
+        run.faults.len() >= changes.min(4),
+        "only {} membership changes",
+        run.faults.len()
+    );
+    let figures = run.finish();
+    assert!(
+        figures["rebalance_events"].as_u64().unwrap() >= 10,
+        "{figures}"
+    );
+}
+
+/// SIGSTOP one of two instances past the session timeout, let the other take its partitions,
+/// SIGCONT it: its open transaction must never become visible.
+fn zombie(run: &mut Run) {
+    let a = 0;
+    run.live[a]
+        .as_ref()
+        .unwrap()
+        .wait_log("a owns partitions", Duration::from_secs(60), |e| {
+            e.owned().is_some_and(|o| count_partitions(&o) > 0)
+        });
+    let owned = partitions_of(&run.live[a].as_ref().unwrap().owned().unwrap());
+    run.fault_on(
+        "zombie (SIGSTOP past the session timeout, SIGCONT)",
+        Some(&owned),
+        |r| {
+            let a_proc = r.live[a].as_ref().unwrap();
+            a_proc.signal(Signal::SIGSTOP);
+            // The other instance(s) take a's partitions after the 6 s session timeout.
+            std::thread::sleep(Duration::from_secs(9));
+            a_proc.signal(Signal::SIGCONT);
+        },
+    );
+    let a_proc = run.live[a].as_ref().unwrap();
+    // Woken up, the zombie learns it lost its partitions or is fenced, and aborts.
+    a_proc.wait_log(
+        "the zombie aborts or is fenced",
+        Duration::from_secs(60),
+        |e| {
+            let t = e.log_text();
+            t.contains("partitions lost")
+                || t.contains("fenced")
+                || t.contains("transaction aborted")
+        },
+    );
+}
+
+#[test]
+fn zombie_is_fenced() {
+    let _s = serial();
+    // A transaction timeout longer than the pause: the zombie's transaction is still open
+    // when it wakes, so only the group generation (KIP-447) stops it from committing.
+    let mut run = Run::new("f-zombie", 2, &["--transaction-timeout", "30s"]);
+    run.wait_progress(run.total() / 5, Duration::from_secs(120));
+    zombie(&mut run);
+    run.finish();
+}
+
+fn broker_restart(run: &mut Run) {
+    run.fault("broker kill -9 + restart", |_| {
+        let script = repo().join("scripts/kafka.sh");
+        assert!(
+            std::process::Command::new(&script)
+                .arg("kill")
+                .status()
+                .unwrap()
+                .success()
+        );
+        std::thread::sleep(Duration::from_secs(2));
+        assert!(
+            std::process::Command::new(&script)
+                .arg("start")
+                .status()
+                .unwrap()
+                .success()
+        );
+    });
+}
+
+#[test]
+fn broker_kill_and_restart() {
+    let _s = serial();
+    let mut run = Run::new("f-broker", 1, &[]);
+    for _ in 0..run.profile.broker_kills {
+        if !run.after_more_progress(0.15) {
+            break;
+        }
+        broker_restart(&mut run);
+    }
+    assert!(!run.faults.is_empty());
+    run.finish();
+}
+
+#[test]
+fn random_aborts() {
+    let _s = serial();
+    let run = Run::new("f-aborts", 2, &["--test-abort-probability", "0.33"]);
+    run.wait_progress(run.total(), Duration::from_secs(300));
+    let figures = run.finish();
+    assert!(figures["aborts_logged"].as_u64().unwrap() > 0, "{figures}");
+}
+
+#[test]
+fn storm() {
+    let _s = serial();
+    let p = profile();
+    // Three times the input, so that every kind of fault lands while it flows.
+    let extra = ["--test-abort-probability", "0.33", "--static-membership"];
+    let mut run = Run::scaled("f-storm", 3, &extra, 3);
+    let mut rng = rand::rng();
+    let mut plan: Vec<&str> = Vec::new();
+    plan.extend(std::iter::repeat_n("kill", p.kills.div_ceil(2)));
+    plan.extend(std::iter::repeat_n("term", p.terms.div_ceil(2)));
+    plan.extend(std::iter::repeat_n("members", 2));
+    plan.push("zombie");
+    plan.extend(std::iter::repeat_n("broker", p.broker_kills.div_ceil(2)));
+    for i in (1..plan.len()).rev() {
+        plan.swap(i, rng.random_range(0..=i));
+    }
+    let step = 0.5 / plan.len() as f64;
+    for what in plan {
+        if !run.after_more_progress(step) {
+            break;
+        }
+        let alive: Vec<usize> = (0..3).filter(|&i| run.live[i].is_some()).collect();
+        let i = alive[rng.random_range(0..alive.len())];
+        match what {
+            "kill" => run.fault("kill -9", |r| {
+                r.kill9(i);
+                r.start(i);
+            }),
+            "term" => run.fault("SIGTERM restart", |r| {
+                r.sigterm(i);
+                r.start(i);
+            }),
+            "members" => change_membership(&mut run, 2),
+            "zombie" => {
+                // The zombie must be instance 0 for `zombie`; make sure it is alive.
+                if run.live[0].is_none() {
+                    run.start(0);
+                }
+                zombie(&mut run);
+            }
+            _ => broker_restart(&mut run),
+        }
+    }
+    for i in 0..3 {
+        if run.live[i].is_none() {
+            run.start(i);
+        }
+    }
+    let kinds: std::collections::BTreeSet<&str> = run
+        .faults
+        .iter()
+        .map(|f| {
+            if f.kind.starts_with("member") {
+                "membership change"
+            } else {
+                f.kind
+            }
+        })
+        .collect();
+    assert_eq!(kinds.len(), 5, "the storm injected only {kinds:?}");
+    run.finish();
+}
