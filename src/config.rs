@@ -92,6 +92,11 @@ pub struct AuditArgs {
     #[arg(long, value_name = "P=OFFSET,…")]
     pub to_offsets: Option<String>,
 
+    /// The run's producer message.max.bytes, if it set one: outputs larger than this went to
+    /// the DLQ, and the replay must judge them the same way.
+    #[arg(long, value_name = "BYTES", default_value_t = 1_000_000)]
+    pub max_message_bytes: usize,
+
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -113,6 +118,8 @@ pub struct AuditConfig {
     pub transform: TransformConfig,
     /// JSON output.
     pub json: bool,
+    /// The run's producer message.max.bytes.
+    pub max_message_bytes: usize,
 }
 
 impl AuditArgs {
@@ -165,6 +172,7 @@ impl AuditArgs {
             },
             transform,
             json: self.json,
+            max_message_bytes: self.max_message_bytes,
         })
     }
 }

@@ -28,6 +28,9 @@ pub enum Error {
     /// A record could not be transformed and the error policy is `fail`.
     #[error("{0} (--on-error fail)")]
     RecordFailed(String),
+    /// The consumer hit a fatal error (a static member fenced): it must be replaced.
+    #[error("consumer fenced: {0}")]
+    ConsumerFenced(KafkaError),
     /// Start-up did not complete in time (broker unreachable, coordinator never available).
     #[error("{0}")]
     Startup(String),
@@ -128,8 +131,6 @@ const UNRECOVERABLE: &[Code] = &[
     Code::UnsupportedVersion,
     Code::UnsupportedForMessageFormat,
     Code::InvalidTransactionTimeout,
-    // Another live consumer uses our group.instance.id: two instances share an identity.
-    Code::FencedInstanceId,
 ];
 
 /// Codes that mean a newer producer with our transactional id exists, or ours lost its epoch.
@@ -307,6 +308,10 @@ mod tests {
         assert_eq!(classify(Call::SendOffsets, &f), Action::Abort);
         let f = flags(Code::UnknownProducerId, false, true, false);
         assert_eq!(classify(Call::Commit, &f), Action::Abort);
+        // Our consumer's static membership was fenced: this transaction cannot commit, and
+        // the consumer is replaced by the loop; the producer is fine.
+        let f = Facts::code(Code::FencedInstanceId);
+        assert_eq!(classify(Call::SendOffsets, &f), Action::Abort);
     }
 
     #[test]

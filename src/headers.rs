@@ -14,6 +14,8 @@ pub const LINEAGE: &str = "exactly.lineage";
 pub const ERROR_REASON: &str = "exactly.error.reason";
 /// The error message, for people.
 pub const ERROR_MESSAGE: &str = "exactly.error.message";
+/// On a DLQ record whose value and input headers were left out (too large for the producer).
+pub const ERROR_TRUNCATED: &str = "exactly.error.truncated";
 /// Topic the DLQ record was read from.
 pub const SOURCE_TOPIC: &str = "exactly.source.topic";
 /// Partition the DLQ record was read from.

@@ -5,7 +5,7 @@
 //! transaction before partitions move. The loop thread is the only caller of `poll`, and it
 //! never holds the driver's lock across `poll`, so the lock is never contended.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
@@ -77,17 +77,16 @@ pub fn describe(tpl: &TopicPartitionList) -> String {
         .join(" ")
 }
 
-/// Consumer context: owns the transaction driver and settles it at every rebalance.
+/// Consumer context: holds the transaction driver and settles it at every rebalance.
 pub struct PipelineContext {
-    driver: Mutex<TxnDriver>,
+    /// Shared, so a replaced consumer (after a fatal consumer error) keeps the same producer.
+    driver: Arc<Mutex<TxnDriver>>,
 }
 
 impl PipelineContext {
     /// Wraps the driver.
-    pub fn new(driver: TxnDriver) -> Self {
-        PipelineContext {
-            driver: Mutex::new(driver),
-        }
+    pub fn new(driver: Arc<Mutex<TxnDriver>>) -> Self {
+        PipelineContext { driver }
     }
 
     /// The driver. Never hold this across `poll`: the rebalance callback takes it too.

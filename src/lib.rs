@@ -17,6 +17,8 @@
 //! - [`kafka`]: client settings, and the consumer context whose rebalance callback commits or
 //!   aborts before partitions move.
 //! - [`transform`]: pure record → records functions: passthrough and jq (jaq).
+//! - [`records`]: what goes out for one input (outputs with headers, or its DLQ copy), checked
+//!   against the producer's size limit; shared by the pipeline and the audit's replay.
 //! - [`headers`]: the lineage header on every output and the reason headers on DLQ records.
 //! - [`health`]: heartbeat of the loop and the watchdog that reports a stuck call.
 //! - [`telemetry`]: logging (text or JSON).
@@ -33,6 +35,7 @@ pub mod headers;
 pub mod health;
 pub mod kafka;
 pub mod pipeline;
+pub mod records;
 pub mod telemetry;
 pub mod transform;
 pub mod txn;
@@ -64,6 +67,7 @@ pub fn audit(config: config::AuditConfig) -> Result<audit::Report, Error> {
         &transform,
         t.on_error,
         &config.plan.outputs[0],
+        config.max_message_bytes,
     ))
 }
 

@@ -7,13 +7,13 @@
 //! interval, record or byte bound is reached. On shutdown: commit, then leave the group.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::Message;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
-use rdkafka::message::{BorrowedMessage, Headers};
+use rdkafka::message::{BorrowedMessage, Headers, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
@@ -21,10 +21,10 @@ use tracing::{debug, error, info, warn};
 
 use crate::config::{Config, Input, OnError};
 use crate::error::{Action, Call, Error, Facts, classify};
-use crate::headers;
 use crate::health::Health;
 use crate::kafka::{self, PipelineConsumer, PipelineContext};
-use crate::transform::{InputRecord, Reason, Transform, TransformError};
+use crate::records::{self, Outgoing};
+use crate::transform::{InputRecord, Transform};
 use crate::txn::{Outcome, SendError, Tp, TxnDriver};
 
 /// Longest single poll: bounds how late a commit or a shutdown is noticed.
@@ -46,6 +46,57 @@ pub fn run(
         config.test_aborts,
     )?;
     let max_message_bytes = check_topics(&driver, config)?;
+    let driver = Arc::new(Mutex::new(driver));
+    info!(
+        transactional_id = %config.transactional_id,
+        group = %config.group_id,
+        output = %config.output_topic,
+        "exactly running"
+    );
+    let mut transform = Some(transform);
+    let mut replacements = 0u32;
+    loop {
+        let consumer = subscribe(config, driver.clone())?;
+        health.set_ready(true);
+        let mut pipeline = Pipeline {
+            config,
+            transform: transform.take().expect("the transform is handed back"),
+            consumer: &consumer,
+            max_message_bytes,
+        };
+        let result = pipeline.run_loop(&health, &shutdown);
+        health.set_ready(false);
+        let result = match result {
+            Err(Error::ConsumerFenced(e)) if !shutdown.is_cancelled() => {
+                // librdkafka's consumer is finished; the producer is not. Abort what the old
+                // consumer read (its generation can no longer commit) and join again.
+                consumer.context().driver().abort_now("consumer_fenced");
+                transform = Some(pipeline.transform);
+                drop(consumer);
+                replacements += 1;
+                let pause = Duration::from_secs(u64::from(replacements.min(10)));
+                error!(error = %e, ?pause, "consumer fenced; replacing it");
+                std::thread::sleep(pause);
+                continue;
+            }
+            other => other,
+        };
+        let result = result.and_then(|()| pipeline.finish(&shutdown));
+        if result.is_err() {
+            // Nothing of an unfinished transaction may become visible.
+            consumer.context().driver().abort_now("shutdown_on_error");
+        }
+        drop(pipeline);
+        // Dropping the consumer closes it: it leaves the group (unless static) so the
+        // partitions move at once. The revoke callback finds no open transaction.
+        drop(consumer);
+        info!("exactly stopped");
+        return result;
+    }
+}
+
+/// A consumer whose context shares `driver`, subscribed to the input.
+fn subscribe(config: &Config, driver: Arc<Mutex<TxnDriver>>) -> Result<PipelineConsumer, Error> {
     let consumer: PipelineConsumer = kafka::consumer_config(config)
         .create_with_context(PipelineContext::new(driver))
         .map_err(|e| Error::Config(format!("--consumer-config: {e}")))?;
@@ -65,33 +116,7 @@ pub fn run(
         }
     }
     .map_err(|e| Error::Config(format!("subscribing to the input: {e}")))?;
-    info!(
-        transactional_id = %config.transactional_id,
-        group = %config.group_id,
-        output = %config.output_topic,
-        "exactly running"
-    );
-    health.set_ready(true);
-
-    let mut pipeline = Pipeline {
-        config,
-        transform,
-        consumer: &consumer,
-        max_message_bytes,
-    };
-    let result = pipeline.run_loop(&health, &shutdown);
-    health.set_ready(false);
-    let result = result.and_then(|()| pipeline.finish(&shutdown));
-    if result.is_err() {
-        // Nothing of an unfinished transaction may become visible.
-        consumer.context().driver().abort_now("shutdown_on_error");
-    }
-    drop(pipeline);
-    // Dropping the consumer closes it: it leaves the group (unless static) so the partitions
-    // move at once. The revoke callback finds no open transaction.
-    drop(consumer);
-    info!("exactly stopped");
-    result
+    Ok(consumer)
 }
 
 struct Pipeline<'c> {
@@ -180,51 +205,14 @@ impl Pipeline<'_> {
             // The producer was replaced; the record comes again after the rewind.
             return Ok(());
         }
-        let outputs = self.transform.apply(&input).and_then(|outs| {
-            // Refuse the record whole before any of its outputs is sent: a transaction cannot
-            // take back half a fan-out.
-            let lineage = self.config.lineage;
-            let prepared: Vec<_> = outs
-                .into_iter()
-                .enumerate()
-                .map(|(i, o)| {
-                    let l = lineage.then(|| headers::lineage(&input, i));
-                    let h = headers::output(&input, &o.headers, l.as_deref());
-                    (o, h)
-                })
-                .collect();
-            for (o, h) in &prepared {
-                let size = o.key.as_ref().map_or(0, |k| k.len())
-                    + o.value.as_ref().map_or(0, |v| v.len())
-                    + headers::size(h);
-                if size > self.max_message_bytes {
-                    return Err(TransformError::new(
-                        Reason::OutputTooLarge,
-                        format!(
-                            "output of {size} bytes exceeds the producer's message.max.bytes {}",
-                            self.max_message_bytes
-                        ),
-                    ));
-                }
-            }
-            Ok(prepared)
-        });
-        let sent = match outputs {
-            Ok(prepared) => {
+        let max = self.max_message_bytes;
+        let sent = match records::outputs(&self.transform, &input, self.config.lineage, max) {
+            Ok(outputs) => {
                 let mut sent = Ok(());
-                for (o, h) in prepared {
+                for mut o in outputs {
+                    let headers = std::mem::take(&mut o.headers);
                     let topic = o.topic.as_deref().unwrap_or(&self.config.output_topic);
-                    let mut rec = BaseRecord::<[u8], [u8]>::to(topic).headers(h);
-                    if let Some(k) = o.key.as_deref() {
-                        rec = rec.key(k);
-                    }
-                    if let Some(v) = o.value.as_deref() {
-                        rec = rec.payload(v);
-                    }
-                    if let Some(ts) = input.timestamp {
-                        rec = rec.timestamp(ts);
-                    }
-                    sent = driver.send(rec);
+                    sent = driver.send(base_record(topic, &o, headers, input.timestamp));
                     if sent.is_err() {
                         break;
                     }
@@ -238,19 +226,14 @@ impl Pipeline<'_> {
                         reason = err.reason.as_str(), error = %err.message,
                         "record to the dead-letter topic"
                     );
-                    let l = self.config.lineage.then(|| headers::lineage(&input, 0));
-                    let mut rec = BaseRecord::<[u8], [u8]>::to(&self.config.dlq_topic)
-                        .headers(headers::dlq(&input, &err, l.as_deref()));
-                    if let Some(k) = input.key {
-                        rec = rec.key(k);
-                    }
-                    if let Some(v) = input.value {
-                        rec = rec.payload(v);
-                    }
-                    if let Some(ts) = input.timestamp {
-                        rec = rec.timestamp(ts);
-                    }
-                    driver.send(rec)
+                    let mut d = records::dead_letter(&input, &err, self.config.lineage, max);
+                    let headers = std::mem::take(&mut d.headers);
+                    driver.send(base_record(
+                        &self.config.dlq_topic,
+                        &d,
+                        headers,
+                        input.timestamp,
+                    ))
                 }
                 OnError::Skip => {
                     warn!(
@@ -291,6 +274,14 @@ impl Pipeline<'_> {
         let facts = Facts::of(&e);
         match e {
             KafkaError::PartitionEOF(_) => Ok(()),
+            // A fatal consumer error means this consumer instance is done, most often a static
+            // member fenced by its own rejoin after a session timeout (librdkafka#3437). The
+            // pipeline replaces it; anything unrecoverable (authorization) still exits.
+            KafkaError::MessageConsumptionFatal(_)
+                if classify(Call::Produce, &facts) != Action::Exit =>
+            {
+                Err(Error::ConsumerFenced(e))
+            }
             KafkaError::MessageConsumptionFatal(_) => Err(Error::Unrecoverable {
                 context: "consuming".into(),
                 source: e,
@@ -385,6 +376,26 @@ fn rewind(
     }
     info!(partitions = %kafka::describe(&result), "rewound to the committed offsets");
     Ok(())
+}
+
+/// A librdkafka record of an [`Outgoing`], with the input's timestamp.
+fn base_record<'a>(
+    topic: &'a str,
+    o: &'a Outgoing<'_>,
+    headers: OwnedHeaders,
+    timestamp: Option<i64>,
+) -> BaseRecord<'a, [u8], [u8]> {
+    let mut rec = BaseRecord::<[u8], [u8]>::to(topic).headers(headers);
+    if let Some(k) = o.key.as_deref() {
+        rec = rec.key(k);
+    }
+    if let Some(v) = o.value.as_deref() {
+        rec = rec.payload(v);
+    }
+    if let Some(ts) = timestamp {
+        rec = rec.timestamp(ts);
+    }
+    rec
 }
 
 /// Borrows a consumed message as an [`InputRecord`].

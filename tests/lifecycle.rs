@@ -114,3 +114,50 @@ fn two_instances_share_partitions_and_survive_losing_one() {
          all committed {finished:?} after the kill; {n} outputs exactly once (duplicates found: 0)"
     );
 }
+
+#[test]
+fn a_fenced_static_consumer_is_replaced_and_nothing_is_lost() {
+    let topics = Topics::create("fence", 3, 3);
+    let group = unique("fence-g");
+    let mut args = base_args(&topics, &group, "fence-0");
+    args.extend(
+        [
+            "--jq",
+            DOUBLE,
+            "--static-membership",
+            "--transaction-timeout",
+            "10s",
+        ]
+        .map(String::from),
+    );
+    let mut a = Exactly::start(&args);
+    a.wait_log("a owns partitions", Duration::from_secs(60), |e| {
+        e.owned().is_some_and(|o| count_partitions(&o) == 3)
+    });
+    produce(&topics.input, &numbered(20_000, 3));
+    wait_committed_at_least(&group, &topics.input, 1, Duration::from_secs(60));
+
+    // A second process with the same group.instance.id (a misconfiguration, or the self-fencing
+    // librdkafka does after a session timeout) fences a's consumer: a must not die of it.
+    let mut b_args = args.clone();
+    b_args.extend(["--transactional-id".to_string(), unique("fence-b")]);
+    let mut b = Exactly::start(&b_args);
+    a.wait_log(
+        "a replaces its fenced consumer",
+        Duration::from_secs(60),
+        |e| !e.events("consumer fenced; replacing it").is_empty(),
+    );
+    b.kill9();
+    assert!(!a.has_exited());
+    wait_all_committed(&group, &topics.input, Duration::from_secs(180));
+    a.signal(Signal::SIGTERM);
+    assert_eq!(
+        a.wait(Duration::from_secs(15)).code(),
+        Some(0),
+        "{}",
+        a.log_text()
+    );
+    let outputs = read_all(&topics.output, "read_committed");
+    let n = assert_exactly_once(&outputs, &expected_outputs(&topics.input, doubled));
+    eprintln!("fenced static consumer replaced; {n} outputs exactly once (duplicates found: 0)");
+}

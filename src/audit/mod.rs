@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::config::OnError;
 use crate::headers::{self, LINEAGE};
+use crate::records;
 use crate::transform::{InputRecord, Transform};
 
 /// One record as read.
@@ -243,6 +244,7 @@ pub fn analyze(
     transform: &Transform,
     on_error: OnError,
     default_output: &str,
+    max_message_bytes: usize,
 ) -> Report {
     let mut r = Report {
         inputs: history.inputs.len(),
@@ -271,7 +273,7 @@ pub fn analyze(
             pending.insert(id);
             continue;
         }
-        match transform.apply(&input.as_input()) {
+        match records::outputs(transform, &input.as_input(), true, max_message_bytes) {
             Ok(outs) => {
                 for (i, o) in outs.into_iter().enumerate() {
                     let e = Expected {
@@ -525,7 +527,7 @@ mod tests {
     }
 
     fn check(h: &History) -> Report {
-        analyze(h, &jq(".n * 10"), OnError::Dlq, "out")
+        analyze(h, &jq(".n * 10"), OnError::Dlq, "out", 1_000_000)
     }
 
     #[test]

@@ -26,8 +26,8 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 /// Header names, as the product writes them.
 #[allow(unused_imports)]
 pub use exactly::headers::{
-    ERROR_MESSAGE, ERROR_REASON, LINEAGE, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC,
-    parse_lineage,
+    ERROR_MESSAGE, ERROR_REASON, ERROR_TRUNCATED, LINEAGE, SOURCE_OFFSET, SOURCE_PARTITION,
+    SOURCE_TOPIC, parse_lineage,
 };
 
 /// Starts the project's broker once (idempotent) and returns its bootstrap address.
@@ -266,6 +266,11 @@ impl Out {
 /// Reads every record of `topic` from the beginning to its end as seen by `isolation`
 /// (`read_committed` stops at the last stable offset).
 pub fn read_all(topic: &str, isolation: &str) -> Vec<Out> {
+    if isolation == "read_committed" {
+        // A transaction left open by a killed process holds the last stable offset back until
+        // the coordinator aborts it (transaction timeout): read the settled state.
+        wait_stable(topic, Duration::from_secs(90));
+    }
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .set("group.id", unique("reader"))
@@ -696,6 +701,19 @@ pub fn stability(topic: &str) -> Vec<(i32, i64, i64)> {
             (p, lso, hw)
         })
         .collect()
+}
+
+/// Waits until no transaction is open on any partition of `topic` (LSO == high watermark).
+pub fn wait_stable(topic: &str, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let s = stability(topic);
+        if s.iter().all(|(_, lso, hw)| lso == hw) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{topic} never settled: {s:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// Runs `exactly audit --json` and returns (exit code, report).

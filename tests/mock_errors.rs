@@ -1,0 +1,345 @@
+//! Error paths on librdkafka's mock cluster: errors injected into the transactional requests
+//! (InitProducerId, AddPartitionsToTxn, TxnOffsetCommit, EndTxn, Produce) and a coordinator
+//! slower than the transaction timeout. The mock cannot show what a read_committed consumer
+//! sees (the real-broker tests do that), so only behaviour is asserted: each error class does
+//! what `src/error.rs` says — retry and commit, abort and rewind, recreate the producer, never
+//! retry a commit whose outcome is unknown — and every input offset ends up committed.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{
+    BaseProducer, BaseRecord, DefaultProducerContext, Producer, ThreadedProducer,
+};
+use rdkafka::types::{RDKafkaApiKey as Api, RDKafkaRespErr as Err};
+
+use common::Exactly;
+use nix::sys::signal::Signal;
+
+/// Collects delivery failures of the test's input writer.
+#[derive(Default)]
+struct Deliveries(std::sync::Mutex<Vec<String>>);
+
+impl rdkafka::ClientContext for Deliveries {}
+
+impl rdkafka::producer::ProducerContext for Deliveries {
+    type DeliveryOpaque = ();
+    fn delivery(&self, r: &rdkafka::producer::DeliveryResult<'_>, _: ()) {
+        if let Err((e, _)) = r {
+            self.0.lock().unwrap().push(e.to_string());
+        }
+    }
+}
+
+struct Mock {
+    cluster: MockCluster<'static, DefaultProducerContext>,
+    owner: &'static BaseProducer,
+    group: String,
+    written: i64,
+}
+
+const IN: &str = "in";
+const OUT: &str = "out";
+
+impl Mock {
+    fn new() -> Mock {
+        // A client with `test.mock.num.brokers` owns the cluster; leaked so the cluster can
+        // borrow it for the whole test, and so its raw handle is at hand for the one mock call
+        // rdkafka does not wrap (see `delay_next`).
+        let owner: &'static BaseProducer = Box::leak(Box::new(
+            ClientConfig::new()
+                .set("test.mock.num.brokers", "1")
+                .create()
+                .unwrap(),
+        ));
+        let cluster = owner.client().mock_cluster().unwrap();
+        for t in [IN, OUT, "out.dlq"] {
+            cluster.create_topic(t, 2, 1).unwrap();
+        }
+        Mock {
+            cluster,
+            owner,
+            group: common::unique("mock-g"),
+            written: 0,
+        }
+    }
+
+    /// Delays the next `api` request to broker 1 by `rtt` (and answers it without error).
+    fn delay_next(&self, api: Api, rtt: Duration) {
+        let err = rdkafka_sys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR;
+        let rtt_ms = rtt.as_millis() as std::os::raw::c_int;
+        // SAFETY: the handle belongs to `owner`, alive for the whole process (leaked); the
+        // variadic tail is `cnt` pairs of (error code, rtt in ms), as librdkafka documents.
+        let result = unsafe {
+            let cluster =
+                rdkafka_sys::rd_kafka_handle_mock_cluster(self.owner.client().native_ptr());
+            rdkafka_sys::rd_kafka_mock_broker_push_request_error_rtts(
+                cluster, 1, api as i16, 1, err, rtt_ms,
+            )
+        };
+        assert_eq!(result, err);
+    }
+
+    fn bootstrap(&self) -> String {
+        self.cluster.bootstrap_servers()
+    }
+
+    /// Writes `n` input records and checks that they arrived (delivery reports are not
+    /// checked by flush).
+    fn write(&mut self, n: i64) {
+        let p: ThreadedProducer<Deliveries> = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .create_with_context(Deliveries::default())
+            .unwrap();
+        for i in self.written..self.written + n {
+            let v = format!(r#"{{"n":{i}}}"#);
+            p.send(
+                BaseRecord::<str, str>::to(IN)
+                    .partition((i % 2) as i32)
+                    .key("k")
+                    .payload(&v),
+            )
+            .unwrap();
+        }
+        p.flush(Duration::from_secs(30)).unwrap();
+        let failed = p.context().0.lock().unwrap().clone();
+        assert!(failed.is_empty(), "test input not delivered: {failed:?}");
+        self.written += n;
+        let ends: i64 = (0..2)
+            .map(|part| {
+                p.client()
+                    .fetch_watermarks(IN, part, Duration::from_secs(10))
+                    .unwrap()
+                    .1
+            })
+            .sum();
+        assert_eq!(ends, self.written, "the mock did not take the test input");
+    }
+
+    fn start(&self, extra: &[&str]) -> Exactly {
+        let b = self.bootstrap();
+        let mut args: Vec<String> = [
+            "run",
+            "--bootstrap-servers",
+            &b,
+            "--input-topics",
+            IN,
+            "--output-topic",
+            OUT,
+            "--group-id",
+            &self.group,
+            "--instance-id",
+            "mock-0",
+            "--log-format",
+            "json",
+            "--jq",
+            "{m: .n}",
+            "--max-records-per-txn",
+            "10",
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        // exactly's commit events are debug level; EXACTLY_MOCK_DEBUG=eos,msg adds librdkafka's.
+        let debug = std::env::var("EXACTLY_MOCK_DEBUG").ok();
+        let level = if debug.is_some() {
+            "debug"
+        } else {
+            "debug,librdkafka=info"
+        };
+        args.extend(["--log-level".to_string(), level.to_string()]);
+        if let Some(d) = debug {
+            args.extend(["--producer-config".into(), format!("debug={d}")]);
+        }
+        Exactly::start(&args)
+    }
+
+    /// Waits until exactly's committed transactions hold every written record. The mock
+    /// accepts TxnOffsetCommit but does not expose the offsets to OffsetFetch, so the count
+    /// comes from exactly's own "transaction committed" events (debug level): each input
+    /// record is in exactly one committed transaction, whatever was aborted on the way.
+    fn wait_all_committed(&self, ex: &Exactly, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let committed = committed_records(ex);
+            assert!(
+                committed <= self.written,
+                "{committed} > {}: a record committed twice",
+                self.written
+            );
+            if committed == self.written {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "committed {committed} of {}; log:\n{}",
+                self.written,
+                ex.log_text()
+            );
+            assert!(!ex.has_exited(), "exactly exited; log:\n{}", ex.log_text());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+fn committed_records(ex: &Exactly) -> i64 {
+    ex.log_lines()
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "transaction committed")
+        .filter_map(|v| v["records"].as_i64())
+        .sum()
+}
+
+/// Messages of the JSON log events, in order.
+fn messages(ex: &Exactly) -> Vec<String> {
+    ex.log_lines()
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["message"].as_str().map(String::from))
+        .collect()
+}
+
+fn count(ex: &Exactly, message: &str) -> usize {
+    messages(ex)
+        .iter()
+        .filter(|m| m.starts_with(message))
+        .count()
+}
+
+#[test]
+fn retriable_coordinator_errors_are_retried_and_commits_succeed() {
+    let mut m = Mock::new();
+    let retriable = [
+        Err::RD_KAFKA_RESP_ERR_COORDINATOR_NOT_AVAILABLE,
+        Err::RD_KAFKA_RESP_ERR_NOT_COORDINATOR,
+        Err::RD_KAFKA_RESP_ERR_CONCURRENT_TRANSACTIONS,
+    ];
+    // At start-up.
+    m.cluster.request_errors(Api::InitProducerId, &retriable);
+    m.write(20);
+    let ex = m.start(&[]);
+    m.wait_all_committed(&ex, Duration::from_secs(60));
+    // In the middle of the stream, on every transactional request.
+    for api in [
+        Api::AddPartitionsToTxn,
+        Api::AddOffsetsToTxn,
+        Api::TxnOffsetCommit,
+        Api::EndTxn,
+    ] {
+        m.cluster.request_errors(api, &retriable);
+        m.write(20);
+        m.wait_all_committed(&ex, Duration::from_secs(60));
+    }
+    assert_eq!(count(&ex, "transaction aborted"), 0, "{}", ex.log_text());
+    assert_eq!(count(&ex, "producer recreated"), 0, "{}", ex.log_text());
+}
+
+#[test]
+fn unknown_producer_id_on_produce_aborts_and_rewinds() {
+    let mut m = Mock::new();
+    m.write(10);
+    let ex = m.start(&["--transaction-timeout", "10s"]);
+    m.wait_all_committed(&ex, Duration::from_secs(60));
+    // The mock's error stack is shared by every client: pause exactly while the test's own
+    // producer writes, so that the injected error meets exactly's next Produce.
+    ex.signal(Signal::SIGSTOP);
+    m.write(20);
+    m.cluster
+        .request_errors(Api::Produce, &[Err::RD_KAFKA_RESP_ERR_UNKNOWN_PRODUCER_ID]);
+    ex.signal(Signal::SIGCONT);
+    m.wait_all_committed(&ex, Duration::from_secs(60));
+    let log = messages(&ex);
+    let abort = log.iter().position(|m| m == "transaction aborted");
+    assert!(abort.is_some(), "no abort: {log:#?}");
+    assert!(
+        log[abort.unwrap()..]
+            .iter()
+            .any(|m| m == "rewound to the committed offsets"),
+        "{log:#?}"
+    );
+}
+
+#[test]
+fn a_fenced_producer_is_recreated() {
+    let mut m = Mock::new();
+    m.write(10);
+    let ex = m.start(&[]);
+    m.wait_all_committed(&ex, Duration::from_secs(60));
+    m.cluster
+        .request_errors(Api::EndTxn, &[Err::RD_KAFKA_RESP_ERR_PRODUCER_FENCED]);
+    m.write(20);
+    m.wait_all_committed(&ex, Duration::from_secs(60));
+    assert!(count(&ex, "producer recreated") >= 1, "{}", ex.log_text());
+    assert!(
+        count(&ex, "rewound to the committed offsets") >= 1,
+        "{}",
+        ex.log_text()
+    );
+    // Also on AddPartitionsToTxn, with the older epoch error.
+    m.cluster.request_errors(
+        Api::AddPartitionsToTxn,
+        &[Err::RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH],
+    );
+    m.write(20);
+    m.wait_all_committed(&ex, Duration::from_secs(60));
+    assert!(
+        count(&ex, "producer recreated") + count(&ex, "transaction aborted") >= 2,
+        "{}",
+        ex.log_text()
+    );
+}
+
+#[test]
+fn a_commit_slower_than_its_timeout_is_never_retried_blindly() {
+    let mut m = Mock::new();
+    m.write(10);
+    // The shortest allowed transaction timeout bounds each transactional call.
+    let ex = m.start(&["--transaction-timeout", "6s"]);
+    m.wait_all_committed(&ex, Duration::from_secs(60));
+    // The next EndTxn takes longer than the call timeout: the commit may or may not happen.
+    // exactly pauses while the test's own producer writes.
+    ex.signal(Signal::SIGSTOP);
+    m.write(10);
+    m.delay_next(Api::EndTxn, Duration::from_secs(8));
+    ex.signal(Signal::SIGCONT);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count(&ex, "commit outcome unknown") == 0 {
+        assert!(Instant::now() < deadline, "{}", ex.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // It goes on: later records are committed.
+    let before = committed_records(&ex);
+    m.write(10);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while committed_records(&ex) < before + 10 {
+        assert!(Instant::now() < deadline, "{}", ex.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = messages(&ex);
+    let unknown = log
+        .iter()
+        .position(|m| m.starts_with("commit outcome unknown"))
+        .unwrap();
+    // Not retried: what follows is an abort or a new producer, then a rewind.
+    let after = &log[unknown..];
+    assert!(
+        !after.iter().any(|m| m == "commit_transaction: retrying"),
+        "{log:#?}"
+    );
+    assert!(
+        after
+            .iter()
+            .any(|m| m == "producer recreated" || m == "transaction aborted"),
+        "{log:#?}"
+    );
+    assert!(
+        after
+            .iter()
+            .any(|m| m == "rewound to the committed offsets"),
+        "{log:#?}"
+    );
+}
