@@ -44,7 +44,6 @@ fn clean_outputs(input: &str) -> (Vec<In>, Vec<In>) {
 fn audit(topics: &Topics, extra: &[&str]) -> (i32, Value) {
     let b = bootstrap();
     let mut args = vec![
-        "audit",
         "--bootstrap-servers",
         &b,
         "--input-topics",
@@ -53,26 +52,11 @@ fn audit(topics: &Topics, extra: &[&str]) -> (i32, Value) {
         &topics.output,
         "--jq",
         PROGRAM,
-        "--json",
         "--timeout",
         "10s",
     ];
     args.extend_from_slice(extra);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_exactly"))
-        .args(&args)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if std::env::var_os("EXACTLY_TEST_ECHO").is_some() {
-        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
-    }
-    let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): {stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.code().unwrap(), report)
+    audit_json(&args)
 }
 
 /// Writes a fabricated history after `plant` changed the outputs, and audits it.

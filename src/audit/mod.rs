@@ -36,6 +36,27 @@ pub struct Rec {
 }
 
 impl Rec {
+    /// Copies a consumed message.
+    pub fn from_message(m: &impl rdkafka::Message) -> Rec {
+        use rdkafka::message::Headers;
+        Rec {
+            topic: m.topic().to_string(),
+            partition: m.partition(),
+            offset: m.offset(),
+            timestamp: m.timestamp().to_millis(),
+            key: m.key().map(<[u8]>::to_vec),
+            value: m.payload().map(<[u8]>::to_vec),
+            headers: m
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|x| (x.key.to_string(), x.value.map(<[u8]>::to_vec)))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
+
     /// The last value of header `name`.
     pub fn header(&self, name: &str) -> Option<&[u8]> {
         self.headers

@@ -11,7 +11,7 @@ use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::Message;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use super::{History, PartitionState, Rec};
@@ -334,22 +334,7 @@ fn read_ranges(
                     open.remove(&p);
                     continue;
                 }
-                out.push(Rec {
-                    topic: topic.to_string(),
-                    partition: p,
-                    offset: m.offset(),
-                    timestamp: m.timestamp().to_millis(),
-                    key: m.key().map(<[u8]>::to_vec),
-                    value: m.payload().map(<[u8]>::to_vec),
-                    headers: m
-                        .headers()
-                        .map(|h| {
-                            h.iter()
-                                .map(|x| (x.key.to_string(), x.value.map(<[u8]>::to_vec)))
-                                .collect()
-                        })
-                        .unwrap_or_default(),
-                });
+                out.push(Rec::from_message(&m));
                 if m.offset() + 1 >= end {
                     open.remove(&p);
                 }

@@ -19,7 +19,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
@@ -300,19 +300,13 @@ pub fn read_all(topic: &str, isolation: &str) -> Vec<Out> {
             Some(Err(e)) => panic!("reading {topic}: {e}"),
             Some(Ok(m)) => {
                 at_end[m.partition() as usize] = false;
+                let r = exactly::audit::Rec::from_message(&m);
                 out.push(Out {
-                    partition: m.partition(),
-                    offset: m.offset(),
-                    key: m.key().map(<[u8]>::to_vec),
-                    value: m.payload().map(<[u8]>::to_vec),
-                    headers: m
-                        .headers()
-                        .map(|h| {
-                            h.iter()
-                                .map(|x| (x.key.to_string(), x.value.map(<[u8]>::to_vec)))
-                                .collect()
-                        })
-                        .unwrap_or_default(),
+                    partition: r.partition,
+                    offset: r.offset,
+                    key: r.key,
+                    value: r.value,
+                    headers: r.headers,
                 });
             }
         }
