@@ -47,7 +47,7 @@ program='{order: .id, customer, cents: (.amount * 100 | round), day: (.ts / 1000
 say "running exactly: $in -> jq -> $out (exactly once)"
 echo "  jq: $program"
 "$bin" run --bootstrap-servers "$bootstrap" --input-topics "$in" --output-topic "$out" \
-  --group-id "$group" --jq "$program" --log-format text >"$run.log" 2>&1 &
+  --group-id "$group" --jq "$program" --log-format text --http-addr 127.0.0.1:0 >"$run.log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null || true' EXIT
 
@@ -76,6 +76,22 @@ tool org.apache.kafka.tools.consumer.ConsoleConsumer --bootstrap-server "$bootst
   --topic "$out.dlq" --from-beginning --isolation-level read_committed --timeout-ms 5000 \
   --property print.key=true --property print.headers=true 2>/dev/null || true
 rm -f "$run.out"
+
+metrics=$(sed -n 's/.*HTTP endpoints listening.*addr=\([0-9.:]*\).*/\1/p' "$run.log" | head -1)
+say "metrics, from http://$metrics/metrics (also /livez and /readyz)"
+python3 - "$metrics" <<'PY'
+import sys, urllib.request
+base = f"http://{sys.argv[1]}"
+text = urllib.request.urlopen(f"{base}/metrics").read().decode()
+keep = ("exactly_records_", "exactly_transactions_total", "exactly_transaction_commit_duration_seconds_count",
+        "exactly_assigned_partitions", "exactly_ready")
+for line in text.splitlines():
+    if line.startswith(keep):
+        print("  " + line)
+for path in ("/livez", "/readyz"):
+    r = urllib.request.urlopen(f"{base}{path}")
+    print(f"  GET {path}: {r.status} {r.read().decode().strip()}")
+PY
 
 say "stopping exactly with SIGTERM (it commits, leaves the group, exits 0)"
 kill -TERM $pid

@@ -330,6 +330,11 @@ pub struct RunArgs {
     #[arg(long, env = "EXACTLY_SHUTDOWN_GRACE", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
 
+    /// Address of the HTTP endpoints (/metrics, /livez, /readyz), or `off`.
+    #[arg(long, env = "EXACTLY_HTTP_ADDR", value_name = "ADDR", default_value = "0.0.0.0:9898", value_parser = parse_http_addr)]
+    // Fully qualified: to clap, a plain `Option` means "may be absent"; here it is the value.
+    pub http_addr: ::std::option::Option<std::net::SocketAddr>,
+
     /// Log format.
     #[arg(long, env = "EXACTLY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -528,6 +533,8 @@ pub struct Config {
     pub startup_timeout: Duration,
     /// Shutdown grace.
     pub shutdown_grace: Duration,
+    /// HTTP endpoints address (None: off).
+    pub http_addr: Option<std::net::SocketAddr>,
     /// Testing only: transactions to abort instead of committing.
     pub test_aborts: Option<crate::txn::TestAborts>,
 }
@@ -636,6 +643,7 @@ impl RunArgs {
             producer_config: self.producer_config,
             startup_timeout: self.startup_timeout,
             shutdown_grace: self.shutdown_grace,
+            http_addr: self.http_addr,
             test_aborts: match (self.test_abort_every, self.test_abort_probability) {
                 (Some(n), _) => Some(crate::txn::TestAborts::Every(n)),
                 (None, Some(p)) => Some(crate::txn::TestAborts::Probability(p)),
@@ -694,6 +702,15 @@ fn check_passthrough(
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 100ms, 5s, 2m)"))
+}
+
+fn parse_http_addr(s: &str) -> Result<Option<std::net::SocketAddr>, String> {
+    if s == "off" {
+        return Ok(None);
+    }
+    s.parse()
+        .map(Some)
+        .map_err(|e| format!("'{s}' is not host:port or off: {e}"))
 }
 
 fn parse_probability(s: &str) -> Result<f64, String> {

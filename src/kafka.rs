@@ -102,6 +102,16 @@ impl ConsumerContext for PipelineContext {
         match rebalance {
             Rebalance::Revoke(tpl) => {
                 let mut driver = self.driver();
+                let event = if consumer.assignment_lost() {
+                    "lost"
+                } else {
+                    "revoke"
+                };
+                driver
+                    .metrics()
+                    .rebalances
+                    .with_label_values(&[event])
+                    .inc();
                 if consumer.assignment_lost() {
                     // Someone else may already own them: nothing of ours may commit.
                     warn!(partitions = %describe(tpl), "partitions lost; aborting the open transaction");
@@ -115,6 +125,11 @@ impl ConsumerContext for PipelineContext {
                 }
             }
             Rebalance::Assign(tpl) => {
+                self.driver()
+                    .metrics()
+                    .rebalances
+                    .with_label_values(&["assign"])
+                    .inc();
                 info!(partitions = %describe(tpl), "partitions assigned");
             }
             Rebalance::Error(e) => warn!(error = %e, "rebalance error"),
@@ -123,11 +138,10 @@ impl ConsumerContext for PipelineContext {
 
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if !matches!(rebalance, Rebalance::Error(_)) {
-            let owned = consumer
-                .assignment()
-                .map(|a| describe(&a))
-                .unwrap_or_default();
-            info!(owned = %owned, "assignment now");
+            let assignment = consumer.assignment().unwrap_or_default();
+            let count = i64::try_from(assignment.count()).unwrap_or(i64::MAX);
+            self.driver().metrics().assigned_partitions.set(count);
+            info!(owned = %describe(&assignment), "assignment now");
         }
     }
 }

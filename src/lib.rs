@@ -21,6 +21,8 @@
 //!   against the producer's size limit; shared by the pipeline and the audit's replay.
 //! - [`headers`]: the lineage header on every output and the reason headers on DLQ records.
 //! - [`health`]: heartbeat of the loop and the watchdog that reports a stuck call.
+//! - [`metrics`]: the Prometheus registry and typed handles; [`http`]: `/metrics`, `/livez`,
+//!   `/readyz`.
 //! - [`telemetry`]: logging (text or JSON).
 //! - [`audit`]: `exactly audit`, which replays the transform over a range of the input and
 //!   matches every output to its input (lost, duplicated, unexpected, order, hanging
@@ -33,7 +35,9 @@ pub mod config;
 pub mod error;
 pub mod headers;
 pub mod health;
+pub mod http;
 pub mod kafka;
+pub mod metrics;
 pub mod pipeline;
 pub mod records;
 pub mod telemetry;
@@ -48,6 +52,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::error::Error;
 use crate::health::Health;
+use crate::metrics::Metrics;
 use crate::transform::{Limits, Transform};
 
 /// Stack of the loop thread: jq programs and JSON values recurse.
@@ -88,13 +93,33 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     let bound = config.transaction_timeout + Duration::from_secs(15);
     tokio::spawn(health.clone().watch(bound, stop_watching.clone()));
 
+    // Not ready from the moment shutdown starts, while the loop still commits and leaves.
+    let (h, s) = (health.clone(), shutdown.clone());
+    tokio::spawn(async move {
+        s.cancelled().await;
+        h.set_ready(false);
+    });
+    let metrics = Arc::new(Metrics::new());
+    if let Some(addr) = config.http_addr {
+        let bound = http::serve(
+            addr,
+            metrics.clone(),
+            health.clone(),
+            bound,
+            stop_watching.clone(),
+        )
+        .await
+        .map_err(|e| Error::Config(format!("--http-addr {addr}: {e}")))?;
+        tracing::info!(addr = %bound, "HTTP endpoints listening (/metrics /livez /readyz)");
+    }
+
     let (tx, rx) = tokio::sync::oneshot::channel();
     let loop_health = health.clone();
     std::thread::Builder::new()
         .name("exactly-loop".into())
         .stack_size(LOOP_STACK)
         .spawn(move || {
-            let result = pipeline::run(&config, transform, loop_health, shutdown);
+            let result = pipeline::run(&config, transform, loop_health, metrics, shutdown);
             let _ = tx.send(result);
         })
         .map_err(|e| Error::Startup(format!("cannot start the loop thread: {e}")))?;

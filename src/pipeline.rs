@@ -23,6 +23,7 @@ use crate::config::{Config, Input, OnError};
 use crate::error::{Action, Call, Error, Facts, classify};
 use crate::health::Health;
 use crate::kafka::{self, PipelineConsumer, PipelineContext};
+use crate::metrics::Metrics;
 use crate::records::{self, Outgoing};
 use crate::transform::{InputRecord, Transform};
 use crate::txn::{Outcome, SendError, Tp, TxnDriver};
@@ -35,6 +36,7 @@ pub fn run(
     config: &Config,
     transform: Transform,
     health: Arc<Health>,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     let driver = TxnDriver::start(
@@ -42,6 +44,7 @@ pub fn run(
         config.transaction_timeout,
         config.startup_timeout,
         health.clone(),
+        metrics,
         shutdown.clone(),
         config.test_aborts,
     )?;
@@ -132,6 +135,13 @@ impl Pipeline<'_> {
         let c = self.config;
         while !shutdown.is_cancelled() {
             health.beat();
+            {
+                let driver = self.consumer.context().driver();
+                driver
+                    .metrics()
+                    .open_transaction_age
+                    .set(driver.open_age().as_secs_f64());
+            }
             let wait = self.driver_due_in().unwrap_or(MAX_POLL).min(MAX_POLL);
             let polled = self.consumer.poll(wait);
             {
@@ -208,6 +218,9 @@ impl Pipeline<'_> {
         let max = self.max_message_bytes;
         let sent = match records::outputs(&self.transform, &input, self.config.lineage, max) {
             Ok(outputs) => {
+                if outputs.is_empty() {
+                    driver.metrics().records_filtered.inc();
+                }
                 let mut sent = Ok(());
                 for mut o in outputs {
                     let headers = std::mem::take(&mut o.headers);
@@ -216,6 +229,11 @@ impl Pipeline<'_> {
                     if sent.is_err() {
                         break;
                     }
+                    driver
+                        .metrics()
+                        .records_produced
+                        .with_label_values(&[topic])
+                        .inc();
                 }
                 sent
             }
@@ -228,6 +246,11 @@ impl Pipeline<'_> {
                     );
                     let mut d = records::dead_letter(&input, &err, self.config.lineage, max);
                     let headers = std::mem::take(&mut d.headers);
+                    driver
+                        .metrics()
+                        .records_dlq
+                        .with_label_values(&[err.reason.as_str()])
+                        .inc();
                     driver.send(base_record(
                         &self.config.dlq_topic,
                         &d,
@@ -254,6 +277,11 @@ impl Pipeline<'_> {
         match sent {
             Ok(()) => {
                 driver.consumed(input.topic, input.partition, input.offset, bytes);
+                let partition = input.partition.to_string();
+                let consumed = &driver.metrics().records_consumed;
+                consumed
+                    .with_label_values(&[input.topic, partition.as_str()])
+                    .inc();
                 Ok(())
             }
             // Rewound before the next record.

@@ -26,6 +26,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::error::{Action, Call, Error, Facts, classify};
 use crate::health::Health;
+use crate::metrics::Metrics;
 
 /// The transactional producer.
 pub type TxnProducer = ThreadedProducer<DeliveryContext>;
@@ -140,6 +141,7 @@ pub struct TxnDriver {
     call_timeout: Duration,
     deadline: Option<Instant>,
     health: Arc<Health>,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
     failures_in_a_row: u32,
     fatal: Option<Error>,
@@ -165,6 +167,7 @@ impl TxnDriver {
         call_timeout: Duration,
         startup_timeout: Duration,
         health: Arc<Health>,
+        metrics: Arc<Metrics>,
         shutdown: CancellationToken,
         test_aborts: Option<TestAborts>,
     ) -> Result<TxnDriver, Error> {
@@ -186,6 +189,7 @@ impl TxnDriver {
                         call_timeout,
                         deadline: None,
                         health,
+                        metrics,
                         shutdown,
                         failures_in_a_row: 0,
                         fatal: None,
@@ -228,6 +232,18 @@ impl TxnDriver {
     /// A transaction is open.
     pub fn is_open(&self) -> bool {
         self.open.is_some()
+    }
+
+    /// How long the open transaction has been open (zero when none is).
+    pub fn open_age(&self) -> Duration {
+        self.open
+            .as_ref()
+            .map_or(Duration::ZERO, |t| t.began.elapsed())
+    }
+
+    /// The metrics this driver counts into.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// Time until the open transaction must commit by `interval`, or `None` if none is open.
@@ -355,6 +371,7 @@ impl TxnDriver {
             return Ok(Outcome::Empty);
         };
         let records = t.records;
+        let started = Instant::now();
         let mut tpl = TopicPartitionList::new();
         for (topic, partition, next) in t.next_offsets() {
             tpl.add_partition_offset(topic, partition, Offset::Offset(next))
@@ -426,6 +443,13 @@ impl TxnDriver {
         }
         self.open = None;
         self.failures_in_a_row = 0;
+        let m = &self.metrics;
+        m.transactions.with_label_values(&["committed"]).inc();
+        m.commit_duration.observe(started.elapsed().as_secs_f64());
+        m.transaction_records.observe(records as f64);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        m.last_commit_timestamp
+            .set(now.map_or(0, |d| d.as_secs() as i64));
         Ok(Outcome::Committed { records })
     }
 
@@ -437,6 +461,14 @@ impl TxnDriver {
         };
         self.failures_in_a_row += 1;
         self.set_rewind(t);
+        self.metrics
+            .transactions
+            .with_label_values(&["aborted"])
+            .inc();
+        self.metrics
+            .transaction_aborts
+            .with_label_values(&[reason])
+            .inc();
         let mut tries = 0;
         loop {
             let result = {
@@ -531,6 +563,10 @@ impl TxnDriver {
                 Ok(p) => {
                     self.producer = p;
                     warn!(reason, "producer recreated");
+                    self.metrics
+                        .producer_recreations
+                        .with_label_values(&[reason])
+                        .inc();
                     return Ok(());
                 }
                 Err(e) => {

@@ -30,6 +30,8 @@ const OK: &[&str] = &[
     "out",
     "--group-id",
     "g",
+    "--http-addr",
+    "127.0.0.1:0",
 ];
 
 #[test]
@@ -116,6 +118,8 @@ fn nothing_is_produced_when_start_up_fails() {
     let group = unique("cfg-g");
     let b = bootstrap();
     let base = [
+        "--http-addr",
+        "127.0.0.1:0",
         "--bootstrap-servers",
         b.as_str(),
         "--input-topics",

@@ -139,6 +139,8 @@ impl Mock {
             "{m: .n}",
             "--max-records-per-txn",
             "10",
+            "--http-addr",
+            "127.0.0.1:0",
         ]
         .map(String::from)
         .to_vec();

@@ -530,6 +530,8 @@ pub fn base_args(topics: &Topics, group: &str, instance: &str) -> Vec<String> {
         "session.timeout.ms=6000",
         "--consumer-config",
         "heartbeat.interval.ms=500",
+        "--http-addr",
+        "127.0.0.1:0",
     ]
     .iter()
     .map(|s| s.to_string())

@@ -1,0 +1,241 @@
+//! Metrics and health endpoints against the real broker: counters reconcile with what the
+//! topics hold, aborts are counted, /readyz turns 503 on SIGTERM, /livez on a wedged loop.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::Signal;
+use serde_json::json;
+
+/// GET `path` from `addr`: (status, body). HTTP/1.1 by hand, to need no client crate.
+fn get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    let status = raw.split_whitespace().nth(1)?.parse().ok()?;
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((status, body))
+}
+
+fn http_addr(ex: &Exactly) -> String {
+    ex.wait_log("the HTTP endpoints", Duration::from_secs(30), |e| {
+        !e.events("HTTP endpoints listening (/metrics /livez /readyz)")
+            .is_empty()
+    });
+    let e = &ex.events("HTTP endpoints listening (/metrics /livez /readyz)")[0];
+    e["addr"].as_str().unwrap().to_string()
+}
+
+/// Sum of a metric's samples whose labels contain every `label=value` given.
+fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| {
+            let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+            n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
+        })
+        .map(|(_, v)| v.parse::<f64>().unwrap())
+        .sum()
+}
+
+#[test]
+fn counters_reconcile_with_the_topics_and_readiness_follows_shutdown() {
+    let topics = Topics::create("obs", 2, 2);
+    let group = unique("obs-g");
+    let mut inputs = numbered(2_000, 2);
+    for i in 0..10 {
+        inputs.push(In::raw(i % 2, "bad", b"not json"));
+    }
+    // Filtered: the program drops records whose id ends in 7.
+    produce(&topics.input, &inputs);
+    let mut args = base_args(&topics, &group, "obs-0");
+    args.extend(["--jq", "select(.id % 10 != 7) | {id}"].map(String::from));
+    let mut ex = Exactly::start(&args);
+    let addr = http_addr(&ex);
+    wait_all_committed(&group, &topics.input, Duration::from_secs(120));
+
+    let (status, text) = get(&addr, "/metrics").unwrap();
+    assert_eq!(status, 200);
+    let outputs = read_all(&topics.output, "read_committed");
+    let dlq = read_all(&topics.dlq, "read_committed");
+    assert_eq!(
+        metric(&text, "exactly_records_consumed_total", &[]),
+        2_010.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "exactly_records_produced_total",
+            &[("topic", &topics.output)]
+        ),
+        outputs.len() as f64
+    );
+    assert_eq!(outputs.len(), 1_800);
+    assert_eq!(metric(&text, "exactly_records_filtered_total", &[]), 200.0);
+    assert_eq!(
+        metric(
+            &text,
+            "exactly_records_dlq_total",
+            &[("reason", "not_json")]
+        ),
+        dlq.len() as f64
+    );
+    assert_eq!(dlq.len(), 10);
+    assert!(
+        metric(
+            &text,
+            "exactly_transactions_total",
+            &[("outcome", "committed")]
+        ) >= 1.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "exactly_transactions_total",
+            &[("outcome", "aborted")]
+        ),
+        0.0
+    );
+    assert_eq!(metric(&text, "exactly_assigned_partitions", &[]), 2.0);
+    assert_eq!(metric(&text, "exactly_ready", &[]), 1.0);
+    assert!(metric(&text, "exactly_last_commit_timestamp_seconds", &[]) > 1.7e9);
+    assert!(
+        metric(
+            &text,
+            "exactly_transaction_commit_duration_seconds_count",
+            &[]
+        ) >= 1.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "exactly_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))]
+        ),
+        1.0
+    );
+    assert_eq!(get(&addr, "/readyz").unwrap().0, 200);
+    assert_eq!(get(&addr, "/livez").unwrap().0, 200);
+    assert_eq!(get(&addr, "/healthz").unwrap().0, 200);
+
+    // SIGTERM: not ready at once, while the process still commits and leaves the group.
+    ex.signal(Signal::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen_503 = false;
+    while Instant::now() < deadline {
+        match get(&addr, "/readyz") {
+            Some((503, _)) => {
+                seen_503 = true;
+                break;
+            }
+            Some(_) => std::thread::sleep(Duration::from_millis(2)),
+            None => break,
+        }
+    }
+    assert!(seen_503, "/readyz never answered 503 before exit");
+    assert_eq!(ex.wait(Duration::from_secs(15)).code(), Some(0));
+}
+
+#[test]
+fn forced_aborts_are_counted_by_reason() {
+    let topics = Topics::create("obs-abort", 1, 1);
+    let group = unique("obs-abort-g");
+    produce(&topics.input, &numbered(1_000, 1));
+    let mut args = base_args(&topics, &group, "obs-abort-0");
+    args.extend(["--max-records-per-txn", "100", "--test-abort-every", "2"].map(String::from));
+    let mut ex = Exactly::start(&args);
+    let addr = http_addr(&ex);
+    wait_all_committed(&group, &topics.input, Duration::from_secs(120));
+    let text = get(&addr, "/metrics").unwrap().1;
+    // Each injected abort ends its transaction aborted, whether abort_transaction succeeds or
+    // the producer has to be replaced (librdkafka#4849 makes an abort right after the first
+    // sends fail with INVALID_TXN_STATE, a fatal error for that producer).
+    let aborts = ex
+        .events("test switch: aborting this transaction instead of committing it")
+        .len() as f64;
+    assert!(aborts >= 1.0);
+    assert_eq!(
+        metric(
+            &text,
+            "exactly_transaction_aborts_total",
+            &[("reason", "test_injected")]
+        ),
+        aborts
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "exactly_transactions_total",
+            &[("outcome", "aborted")]
+        ),
+        aborts
+    );
+    // Produced counts what was handed to the producer, aborted transactions included (an
+    // abort purges what was not sent yet, so the log may hold fewer).
+    let written = read_all(&topics.output, "read_uncommitted").len() as f64;
+    assert!(metric(&text, "exactly_records_produced_total", &[]) >= written);
+    assert_eq!(read_all(&topics.output, "read_committed").len(), 1_000);
+    ex.signal(Signal::SIGTERM);
+    assert_eq!(ex.wait(Duration::from_secs(15)).code(), Some(0));
+}
+
+#[test]
+fn livez_fails_when_the_loop_is_wedged_and_the_grace_bounds_shutdown() {
+    let topics = Topics::create("obs-wedge", 1, 1);
+    let group = unique("obs-wedge-g");
+    // A program that runs for ages on one record without yielding anything.
+    let program = "if .stall then last(range(1e15)) else . end";
+    produce(&topics.input, &[In::json(0, "k", json!({"stall": true}))]);
+    let mut args = base_args(&topics, &group, "obs-wedge-0");
+    args.extend(
+        [
+            "--jq",
+            program,
+            "--transaction-timeout",
+            "6s",
+            "--shutdown-grace",
+            "2s",
+        ]
+        .map(String::from),
+    );
+    let mut ex = Exactly::start(&args);
+    let addr = http_addr(&ex);
+    // The bound is the transaction timeout + 15 s.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let body = loop {
+        let (status, body) = get(&addr, "/livez").unwrap();
+        if status == 503 {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "/livez stayed {status}");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(
+        body.contains("not turned") || body.contains("stuck"),
+        "{body}"
+    );
+    // The metrics endpoint still answers while the loop is wedged.
+    assert_eq!(get(&addr, "/metrics").unwrap().0, 200);
+    // SIGTERM cannot finish in the 2 s grace: exit 3, nothing committed.
+    ex.signal(Signal::SIGTERM);
+    assert_eq!(ex.wait(Duration::from_secs(10)).code(), Some(3));
+    assert!(committed(&group, &topics.input).is_empty());
+}
