@@ -2,7 +2,7 @@
 # The fault-injection suite (tests/faults.rs) with a profile, against a broker of its own (the
 # suite kills and restarts its broker), then a table of the figures for RELIABILITY.md.
 #
-#   scripts/faults.sh            full profile: 100,000 records a scenario (about 25 minutes)
+#   scripts/faults.sh            full profile: 100,000 records a scenario (about 32 minutes)
 #   scripts/faults.sh reduced    what CI runs as part of scripts/test.sh
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
