@@ -175,6 +175,12 @@ pub fn classify(call: Call, facts: &Facts) -> Action {
     if is(FENCED) || facts.fatal {
         return Action::RecreateProducer;
     }
+    if call == Call::Abort && is(TIMEOUT) {
+        // A coordinator that does not answer an abort in a whole transaction timeout is gone
+        // for a while: a new producer's init_transactions settles the transaction once it is
+        // back, retrying with backoff and honouring shutdown, instead of abort after abort.
+        return Action::RecreateProducer;
+    }
     if call == Call::Commit {
         if facts.flush {
             // The flush before EndTxn failed: nothing was committed, abort is safe.
@@ -278,7 +284,11 @@ mod tests {
     #[test]
     fn timeouts_elsewhere_are_retried() {
         for &code in TIMEOUT {
-            for call in [Call::Init, Call::SendOffsets, Call::Abort] {
+            assert_eq!(
+                classify(Call::Abort, &Facts::code(code)),
+                Action::RecreateProducer
+            );
+            for call in [Call::Init, Call::SendOffsets] {
                 assert_eq!(
                     classify(call, &Facts::code(code)),
                     Action::Retry,

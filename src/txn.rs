@@ -550,9 +550,12 @@ impl TxnDriver {
         self.rewind.get_or_insert_with(HashMap::new);
         let mut backoff = backoff(self.failures_in_a_row);
         loop {
-            if self.shutdown.is_cancelled() && self.past_deadline() {
+            if self.shutdown.is_cancelled() {
+                // Nothing is open any more; the coordinator aborts what the old producer left,
+                // or the next start fences it. Waiting for the broker would outlast the grace.
                 return Err(Error::Startup(format!(
-                    "shutting down while the producer could not be recreated ({reason})"
+                    "shutting down before the producer could be recreated ({reason}); the open \
+                     transaction is left to the coordinator to abort"
                 )));
             }
             if !backoff.is_zero() {

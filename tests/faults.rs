@@ -583,10 +583,13 @@ fn storm() {
     plan.extend(std::iter::repeat_n("term", p.terms.div_ceil(2)));
     plan.extend(std::iter::repeat_n("members", 2));
     plan.push("zombie");
-    plan.extend(std::iter::repeat_n("broker", p.broker_kills.div_ceil(2)));
     for i in (1..plan.len()).rev() {
         plan.swap(i, rng.random_range(0..=i));
     }
+    // The broker restart goes last: an instance caught by a SIGTERM while the broker is down
+    // cannot commit and does not exit 0 (it stops within the grace, leaving its open
+    // transaction to the coordinator); that is not what the SIGTERM fault tests.
+    plan.extend(std::iter::repeat_n("broker", p.broker_kills.div_ceil(2)));
     let step = 0.4 / plan.len() as f64;
     for what in plan {
         if !run.after_more_progress(step) {
