@@ -84,17 +84,36 @@ pub fn run(
             }
             other => other,
         };
+        // Everything after the signal must fit in the grace, with a margin for the exit.
+        let close_by = Instant::now() + config.shutdown_grace.saturating_sub(MAX_POLL * 5);
         let result = result.and_then(|()| pipeline.finish(&shutdown));
         if result.is_err() {
             // Nothing of an unfinished transaction may become visible.
             consumer.context().driver().abort_now("shutdown_on_error");
         }
         drop(pipeline);
-        // Dropping the consumer closes it: it leaves the group (unless static) so the
-        // partitions move at once. The revoke callback finds no open transaction.
-        drop(consumer);
+        close(consumer, close_by);
         info!("exactly stopped");
         return result;
+    }
+}
+
+/// Closes the consumer: it leaves the group (unless static), so its partitions move at once;
+/// the revoke callback finds no open transaction. librdkafka's close can wait on an
+/// unresponsive coordinator, and Drop would wait without bound: past `deadline` the consumer
+/// is left as it is, and the group notices the session timeout instead.
+fn close(consumer: PipelineConsumer, deadline: Instant) {
+    if consumer.close_queue().is_ok() {
+        while !consumer.closed() && Instant::now() < deadline {
+            consumer.poll(MAX_POLL);
+        }
+    }
+    if consumer.closed() {
+        drop(consumer);
+    } else {
+        warn!("the consumer did not close within the shutdown grace; the group will time it out");
+        // Dropping it would block until it closes; the process is about to exit.
+        std::mem::forget(consumer);
     }
 }
 
