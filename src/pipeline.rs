@@ -75,7 +75,7 @@ pub fn run(
                 // consumer read (its generation can no longer commit) and join again.
                 consumer.context().driver().abort_now("consumer_fenced");
                 transform = Some(pipeline.transform);
-                drop(consumer);
+                close(consumer, Instant::now() + Duration::from_secs(5));
                 replacements += 1;
                 let pause = Duration::from_secs(u64::from(replacements.min(10)));
                 error!(error = %e, ?pause, "consumer fenced; replacing it");
@@ -100,8 +100,9 @@ pub fn run(
 
 /// Closes the consumer: it leaves the group (unless static), so its partitions move at once;
 /// the revoke callback finds no open transaction. librdkafka's close can wait on an
-/// unresponsive coordinator, and Drop would wait without bound: past `deadline` the consumer
-/// is left as it is, and the group notices the session timeout instead.
+/// unresponsive coordinator, and Drop would wait without bound: past `deadline` (or when a
+/// broken consumer cannot start closing) it is left as it is, and the group notices the
+/// session timeout instead.
 fn close(consumer: PipelineConsumer, deadline: Instant) {
     if consumer.close_queue().is_ok() {
         while !consumer.closed() && Instant::now() < deadline {
@@ -111,7 +112,7 @@ fn close(consumer: PipelineConsumer, deadline: Instant) {
     if consumer.closed() {
         drop(consumer);
     } else {
-        warn!("the consumer did not close within the shutdown grace; the group will time it out");
+        warn!("the consumer did not close in time; the group will time it out");
         // Dropping it would block until it closes; the process is about to exit.
         std::mem::forget(consumer);
     }
@@ -414,11 +415,11 @@ fn rewind(
         })?;
     for e in result.elements() {
         if let Err(err) = e.error() {
-            error!(topic = e.topic(), partition = e.partition(), error = %err, "seek failed");
-            return Err(Error::Unrecoverable {
-                context: format!("rewinding {}[{}]", e.topic(), e.partition()),
-                source: err,
-            });
+            // A partition that cannot be rewound must not be read on from where it stands:
+            // its aborted records would be skipped. This consumer is being fenced or
+            // rebalanced away; a new one starts from the committed offsets.
+            warn!(topic = e.topic(), partition = e.partition(), error = %err, "seek failed");
+            return Err(Error::ConsumerFenced(err));
         }
     }
     info!(partitions = %kafka::describe(&result), "rewound to the committed offsets");
