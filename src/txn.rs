@@ -229,11 +229,6 @@ impl TxnDriver {
         self.deadline = Some(deadline);
     }
 
-    /// A transaction is open.
-    pub fn is_open(&self) -> bool {
-        self.open.is_some()
-    }
-
     /// How long the open transaction has been open (zero when none is).
     pub fn open_age(&self) -> Duration {
         self.open
@@ -267,11 +262,6 @@ impl TxnDriver {
             "rewind with an open txn"
         );
         self.rewind.take()
-    }
-
-    /// A rewind is pending: no record may be processed before it.
-    pub fn rewind_pending(&self) -> bool {
-        self.rewind.is_some()
     }
 
     /// An error raised where it could not be returned (in a rebalance callback).
