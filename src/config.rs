@@ -335,6 +335,11 @@ pub struct RunArgs {
     // Fully qualified: to clap, a plain `Option` means "may be absent"; here it is the value.
     pub http_addr: ::std::option::Option<std::net::SocketAddr>,
 
+    /// How often the lag and unstable-records gauges are refreshed (librdkafka's
+    /// statistics.interval.ms on the consumer).
+    #[arg(long, env = "EXACTLY_LAG_INTERVAL", value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub lag_interval: Duration,
+
     /// Log format.
     #[arg(long, env = "EXACTLY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -448,6 +453,7 @@ const CONSUMER_OWNED: &[(&str, &str)] = &[
         "isolation.level",
         "nothing: exactly always reads read_committed",
     ),
+    ("statistics.interval.ms", "--lag-interval"),
 ];
 const PRODUCER_OWNED: &[(&str, &str)] = &[
     ("bootstrap.servers", "--bootstrap-servers"),
@@ -535,6 +541,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// HTTP endpoints address (None: off).
     pub http_addr: Option<std::net::SocketAddr>,
+    /// Refresh period of the lag gauges.
+    pub lag_interval: Duration,
     /// Testing only: transactions to abort instead of committing.
     pub test_aborts: Option<crate::txn::TestAborts>,
 }
@@ -618,6 +626,11 @@ impl RunArgs {
         if self.shutdown_grace.is_zero() {
             return err("--shutdown-grace: must be greater than 0".into());
         }
+        if self.lag_interval < Duration::from_millis(100)
+            || self.lag_interval > Duration::from_secs(3600)
+        {
+            return err("--lag-interval: must be between 100ms and 1h".into());
+        }
         if self.startup_timeout.is_zero() {
             return err("--startup-timeout: must be greater than 0".into());
         }
@@ -644,6 +657,7 @@ impl RunArgs {
             startup_timeout: self.startup_timeout,
             shutdown_grace: self.shutdown_grace,
             http_addr: self.http_addr,
+            lag_interval: self.lag_interval,
             test_aborts: match (self.test_abort_every, self.test_abort_probability) {
                 (Some(n), _) => Some(crate::txn::TestAborts::Every(n)),
                 (None, Some(p)) => Some(crate::txn::TestAborts::Probability(p)),
@@ -900,6 +914,10 @@ mod tests {
         assert!(e.contains("use --group-id"), "{e}");
         let e = parse(&["--producer-config", "transaction.timeout.ms=1000"]).unwrap_err();
         assert!(e.contains("use --transaction-timeout"), "{e}");
+        let e = parse(&["--consumer-config", "statistics.interval.ms=10"]).unwrap_err();
+        assert!(e.contains("use --lag-interval"), "{e}");
+        let e = parse(&["--lag-interval", "10ms"]).unwrap_err();
+        assert!(e.contains("--lag-interval: must be between"), "{e}");
     }
 
     #[test]

@@ -10,10 +10,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::statistics::Statistics;
 use rdkafka::topic_partition_list::TopicPartitionList;
 use tracing::{info, warn};
 
 use crate::config::Config;
+use crate::lag::Positions;
 use crate::txn::TxnDriver;
 
 /// The consumer of the pipeline.
@@ -29,7 +31,11 @@ pub fn consumer_config(c: &Config) -> ClientConfig {
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("partition.assignment.strategy", "cooperative-sticky")
-        .set("auto.offset.reset", "earliest");
+        .set("auto.offset.reset", "earliest")
+        .set(
+            "statistics.interval.ms",
+            c.lag_interval.as_millis().to_string(),
+        );
     if c.static_membership {
         cc.set("group.instance.id", &c.instance_id);
     }
@@ -81,12 +87,14 @@ pub fn describe(tpl: &TopicPartitionList) -> String {
 pub struct PipelineContext {
     /// Shared, so a replaced consumer (after a fatal consumer error) keeps the same producer.
     driver: Arc<Mutex<TxnDriver>>,
+    /// Where the loop is in each owned partition.
+    positions: Arc<Positions>,
 }
 
 impl PipelineContext {
-    /// Wraps the driver.
-    pub fn new(driver: Arc<Mutex<TxnDriver>>) -> Self {
-        PipelineContext { driver }
+    /// Wraps the driver; statistics reports go to `positions`.
+    pub fn new(driver: Arc<Mutex<TxnDriver>>, positions: Arc<Positions>) -> Self {
+        PipelineContext { driver, positions }
     }
 
     /// The driver. Never hold this across `poll`: the rebalance callback takes it too.
@@ -95,7 +103,13 @@ impl PipelineContext {
     }
 }
 
-impl ClientContext for PipelineContext {}
+impl ClientContext for PipelineContext {
+    /// librdkafka's statistics, every `--lag-interval`, from inside `poll`: the positions the
+    /// lag gauges are measured from.
+    fn stats(&self, statistics: Statistics) {
+        self.positions.update(&statistics);
+    }
+}
 
 impl ConsumerContext for PipelineContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {

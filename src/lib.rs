@@ -22,7 +22,7 @@
 //! - [`headers`]: the lineage header on every output and the reason headers on DLQ records.
 //! - [`health`]: heartbeat of the loop and the watchdog that reports a stuck call.
 //! - [`metrics`]: the Prometheus registry and typed handles; [`http`]: `/metrics`, `/livez`,
-//!   `/readyz`.
+//!   `/readyz`; [`lag`]: lag and unstable records against the last stable offset.
 //! - [`telemetry`]: logging (text or JSON).
 //! - [`audit`]: `exactly audit`, which replays the transform over a range of the input and
 //!   matches every output to its input (lost, duplicated, unexpected, order, hanging
@@ -37,6 +37,7 @@ pub mod headers;
 pub mod health;
 pub mod http;
 pub mod kafka;
+pub mod lag;
 pub mod metrics;
 pub mod pipeline;
 pub mod records;
@@ -113,13 +114,28 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         tracing::info!(addr = %bound, "HTTP endpoints listening (/metrics /livez /readyz)");
     }
 
+    let positions = Arc::new(lag::Positions::default());
+    lag::spawn(
+        &config,
+        positions.clone(),
+        metrics.clone(),
+        stop_watching.clone(),
+    )?;
+
     let (tx, rx) = tokio::sync::oneshot::channel();
     let loop_health = health.clone();
     std::thread::Builder::new()
         .name("exactly-loop".into())
         .stack_size(LOOP_STACK)
         .spawn(move || {
-            let result = pipeline::run(&config, transform, loop_health, metrics, shutdown);
+            let result = pipeline::run(
+                &config,
+                transform,
+                loop_health,
+                metrics,
+                positions,
+                shutdown,
+            );
             let _ = tx.send(result);
         })
         .map_err(|e| Error::Startup(format!("cannot start the loop thread: {e}")))?;

@@ -4,6 +4,9 @@
 //! Labels are bounded: topics, partitions, fixed reason and outcome names; never keys or
 //! offsets.
 
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
 use prometheus::{
     Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry,
@@ -32,7 +35,7 @@ pub struct Metrics {
     /// Age of the open transaction, 0 when none is open.
     pub open_transaction_age: Gauge,
     /// Unix time of the last commit.
-    pub last_commit_timestamp: IntGauge,
+    pub last_commit_timestamp: Gauge,
     /// Rebalance events, by event (assign, revoke, lost).
     pub rebalances: IntCounterVec,
     /// Partitions this instance owns.
@@ -41,8 +44,29 @@ pub struct Metrics {
     pub producer_recreations: IntCounterVec,
     /// 1 when initialised and consuming.
     pub ready: IntGauge,
-    /// Records read from a partition minus its last stable offset, per owned partition.
+    /// Last stable offset minus the next offset to process, per owned partition.
     pub consumer_lag: IntGaugeVec,
+    /// High watermark minus last stable offset, per owned partition.
+    pub partition_unstable: IntGaugeVec,
+    /// Commit time minus input record timestamp.
+    pub end_to_end_latency: Histogram,
+    /// Partitions the two gauges above were last set for, to drop the ones no longer owned.
+    reported: Arc<Mutex<HashSet<(String, String)>>>,
+}
+
+/// Offsets of one owned partition, as librdkafka last saw them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionOffsets {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// High watermark.
+    pub high_watermark: i64,
+    /// Last stable offset: a read_committed consumer reads no further.
+    pub last_stable: i64,
+    /// Next offset the pipeline processes, if known.
+    pub position: Option<i64>,
 }
 
 impl Metrics {
@@ -56,6 +80,11 @@ impl Metrics {
         };
         let gauge = |name: &str, help: &str| {
             let g = IntGauge::new(name, help).expect("metric");
+            registry.register(Box::new(g.clone())).expect("register");
+            g
+        };
+        let float_gauge = |name: &str, help: &str| {
+            let g = Gauge::new(name, help).expect("metric");
             registry.register(Box::new(g.clone())).expect("register");
             g
         };
@@ -83,6 +112,18 @@ impl Metrics {
         .expect("metric");
         registry
             .register(Box::new(consumer_lag.clone()))
+            .expect("register");
+        let partition_unstable = IntGaugeVec::new(
+            Opts::new(
+                "partition_unstable_records",
+                "High watermark minus last stable offset, per owned partition: records of \
+                 transactions still open upstream.",
+            ),
+            &["topic", "partition"],
+        )
+        .expect("metric");
+        registry
+            .register(Box::new(partition_unstable.clone()))
             .expect("register");
         let build_info = IntGaugeVec::new(
             Opts::new("build_info", "Version of exactly and of librdkafka."),
@@ -137,16 +178,11 @@ impl Metrics {
                 "Input records per committed transaction.",
                 prometheus::exponential_buckets(1.0, 4.0, 10).expect("buckets"),
             ),
-            open_transaction_age: {
-                let g = Gauge::new(
-                    "open_transaction_age_seconds",
-                    "Age of the open transaction; 0 when none is open.",
-                )
-                .expect("metric");
-                registry.register(Box::new(g.clone())).expect("register");
-                g
-            },
-            last_commit_timestamp: gauge(
+            open_transaction_age: float_gauge(
+                "open_transaction_age_seconds",
+                "Age of the open transaction; 0 when none is open.",
+            ),
+            last_commit_timestamp: float_gauge(
                 "last_commit_timestamp_seconds",
                 "Unix time of the last committed transaction.",
             ),
@@ -159,8 +195,47 @@ impl Metrics {
             ),
             ready: gauge("ready", "1 when initialised and consuming."),
             consumer_lag,
+            partition_unstable,
+            end_to_end_latency: histogram(
+                "end_to_end_latency_seconds",
+                "Commit time minus the input record's timestamp.",
+                vec![
+                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                    300.0,
+                ],
+            ),
+            reported: Arc::default(),
             registry,
         }
+    }
+
+    /// Sets the lag and unstable-records gauges of the owned partitions, and removes those of
+    /// partitions no longer owned.
+    pub fn set_partition_offsets(&self, partitions: &[PartitionOffsets]) {
+        let mut reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+        let mut now = HashSet::with_capacity(partitions.len());
+        for p in partitions {
+            let labels = (p.topic.clone(), p.partition.to_string());
+            let values = [labels.0.as_str(), labels.1.as_str()];
+            self.partition_unstable
+                .with_label_values(&values)
+                .set((p.high_watermark - p.last_stable).max(0));
+            match p.position {
+                Some(pos) => self
+                    .consumer_lag
+                    .with_label_values(&values)
+                    .set((p.last_stable - pos).max(0)),
+                None => {
+                    let _ = self.consumer_lag.remove_label_values(&values);
+                }
+            }
+            now.insert(labels);
+        }
+        for (t, p) in reported.difference(&now) {
+            let _ = self.consumer_lag.remove_label_values(&[t, p]);
+            let _ = self.partition_unstable.remove_label_values(&[t, p]);
+        }
+        *reported = now;
     }
 
     /// The text exposition of every metric.
@@ -200,5 +275,32 @@ mod tests {
         assert!(text.contains("exactly_transaction_aborts_total{reason=\"test_injected\"} 1"));
         assert!(text.contains("# HELP exactly_transaction_commit_duration_seconds"));
         assert!(text.contains("exactly_build_info{librdkafka="));
+    }
+
+    #[test]
+    fn lag_is_against_the_last_stable_offset_and_revoked_partitions_disappear() {
+        let m = Metrics::new();
+        let at = |p, hw, lso, pos| PartitionOffsets {
+            topic: "in".into(),
+            partition: p,
+            high_watermark: hw,
+            last_stable: lso,
+            position: pos,
+        };
+        m.set_partition_offsets(&[at(0, 100, 90, Some(40)), at(1, 7, 7, None)]);
+        let text = m.render();
+        assert!(text.contains(r#"exactly_consumer_lag_records{partition="0",topic="in"} 50"#));
+        assert!(
+            text.contains(r#"exactly_partition_unstable_records{partition="0",topic="in"} 10"#)
+        );
+        assert!(text.contains(r#"exactly_partition_unstable_records{partition="1",topic="in"} 0"#));
+        assert!(
+            !text.contains(r#"exactly_consumer_lag_records{partition="1""#),
+            "{text}"
+        );
+        m.set_partition_offsets(&[at(1, 9, 9, Some(9))]);
+        let text = m.render();
+        assert!(!text.contains(r#"partition="0""#), "{text}");
+        assert!(text.contains(r#"exactly_consumer_lag_records{partition="1",topic="in"} 0"#));
     }
 }

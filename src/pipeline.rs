@@ -23,10 +23,11 @@ use crate::config::{Config, Input, OnError};
 use crate::error::{Action, Call, Error, Facts, classify};
 use crate::health::Health;
 use crate::kafka::{self, PipelineConsumer, PipelineContext};
+use crate::lag::Positions;
 use crate::metrics::Metrics;
 use crate::records::{self, Outgoing};
 use crate::transform::{InputRecord, Transform};
-use crate::txn::{Outcome, SendError, Tp, TxnDriver};
+use crate::txn::{Consumed, Outcome, SendError, Tp, TxnDriver};
 
 /// Longest single poll: bounds how late a commit or a shutdown is noticed.
 const MAX_POLL: Duration = Duration::from_millis(100);
@@ -37,6 +38,7 @@ pub fn run(
     transform: Transform,
     health: Arc<Health>,
     metrics: Arc<Metrics>,
+    positions: Arc<Positions>,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     let driver = TxnDriver::start(
@@ -59,7 +61,7 @@ pub fn run(
     let mut transform = Some(transform);
     let mut replacements = 0u32;
     loop {
-        let consumer = subscribe(config, driver.clone())?;
+        let consumer = subscribe(config, driver.clone(), positions.clone())?;
         health.set_ready(true);
         let mut pipeline = Pipeline {
             config,
@@ -119,9 +121,13 @@ fn close(consumer: PipelineConsumer, deadline: Instant) {
 }
 
 /// A consumer whose context shares `driver`, subscribed to the input.
-fn subscribe(config: &Config, driver: Arc<Mutex<TxnDriver>>) -> Result<PipelineConsumer, Error> {
+fn subscribe(
+    config: &Config,
+    driver: Arc<Mutex<TxnDriver>>,
+    positions: Arc<Positions>,
+) -> Result<PipelineConsumer, Error> {
     let consumer: PipelineConsumer = kafka::consumer_config(config)
-        .create_with_context(PipelineContext::new(driver))
+        .create_with_context(PipelineContext::new(driver, positions))
         .map_err(|e| Error::Config(format!("--consumer-config: {e}")))?;
     match &config.input {
         Input::Topics(ts) => {
@@ -296,7 +302,13 @@ impl Pipeline<'_> {
         };
         match sent {
             Ok(()) => {
-                driver.consumed(input.topic, input.partition, input.offset, bytes);
+                driver.consumed(Consumed {
+                    topic: input.topic,
+                    partition: input.partition,
+                    offset: input.offset,
+                    bytes,
+                    timestamp: input.timestamp,
+                });
                 let partition = input.partition.to_string();
                 let consumed = &driver.metrics().records_consumed;
                 consumed

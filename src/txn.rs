@@ -80,6 +80,21 @@ pub enum SendError {
     Fatal(Error),
 }
 
+/// One input record, as the open transaction counts it.
+#[derive(Debug, Clone, Copy)]
+pub struct Consumed<'a> {
+    /// Input topic.
+    pub topic: &'a str,
+    /// Input partition.
+    pub partition: i32,
+    /// Input offset.
+    pub offset: i64,
+    /// Key and value bytes.
+    pub bytes: u64,
+    /// Input timestamp, ms since the epoch.
+    pub timestamp: Option<i64>,
+}
+
 /// One open transaction.
 #[derive(Debug)]
 struct OpenTxn {
@@ -89,6 +104,8 @@ struct OpenTxn {
     /// First offset consumed, and next offset to consume, per topic and partition. Keyed by
     /// topic first so that the per-record look-up borrows the topic name instead of copying it.
     offsets: HashMap<String, HashMap<i32, (i64, i64)>>,
+    /// Input timestamps (ms since the epoch), for the end-to-end latency at commit.
+    timestamps: Vec<i64>,
 }
 
 impl OpenTxn {
@@ -98,12 +115,23 @@ impl OpenTxn {
             records: 0,
             bytes: 0,
             offsets: HashMap::new(),
+            timestamps: Vec::new(),
         }
     }
 
-    fn consumed(&mut self, topic: &str, partition: i32, offset: i64, bytes: u64) {
+    fn consumed(&mut self, record: Consumed<'_>) {
+        let Consumed {
+            topic,
+            partition,
+            offset,
+            bytes,
+            timestamp,
+        } = record;
         self.records += 1;
         self.bytes += bytes;
+        if let Some(ts) = timestamp {
+            self.timestamps.push(ts);
+        }
         let partitions = match self.offsets.get_mut(topic) {
             Some(p) => p,
             None => self.offsets.entry(topic.to_string()).or_default(),
@@ -306,9 +334,9 @@ impl TxnDriver {
     }
 
     /// Counts one consumed record into the open transaction (which must be open).
-    pub fn consumed(&mut self, topic: &str, partition: i32, offset: i64, bytes: u64) {
+    pub fn consumed(&mut self, record: Consumed<'_>) {
         if let Some(t) = self.open.as_mut() {
-            t.consumed(topic, partition, offset, bytes);
+            t.consumed(record);
         }
     }
 
@@ -431,15 +459,22 @@ impl TxnDriver {
                 }
             }
         }
-        self.open = None;
+        let committed = self.open.take().map(|t| t.timestamps).unwrap_or_default();
         self.failures_in_a_row = 0;
         let m = &self.metrics;
         m.transactions.with_label_values(&["committed"]).inc();
         m.commit_duration.observe(started.elapsed().as_secs_f64());
         m.transaction_records.observe(records as f64);
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-        m.last_commit_timestamp
-            .set(now.map_or(0, |d| d.as_secs() as i64));
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        m.last_commit_timestamp.set(now.as_secs_f64());
+        let now_ms = i64::try_from(now.as_millis()).unwrap_or(i64::MAX);
+        for ts in committed {
+            // Clocks of producers upstream may be ahead of ours: never negative.
+            m.end_to_end_latency
+                .observe(now_ms.saturating_sub(ts).max(0) as f64 / 1000.0);
+        }
         Ok(Outcome::Committed { records })
     }
 
@@ -615,11 +650,41 @@ mod tests {
     #[test]
     fn open_txn_tracks_first_and_next_offset_per_partition() {
         let mut t = OpenTxn::new();
-        t.consumed("a", 0, 10, 5);
-        t.consumed("a", 0, 11, 5);
-        t.consumed("a", 1, 3, 1);
-        t.consumed("b", 0, 7, 1);
-        t.consumed("a", 0, 15, 5); // a gap (filtered or aborted records) is fine
+        t.consumed(Consumed {
+            topic: "a",
+            partition: 0,
+            offset: 10,
+            bytes: 5,
+            timestamp: None,
+        });
+        t.consumed(Consumed {
+            topic: "a",
+            partition: 0,
+            offset: 11,
+            bytes: 5,
+            timestamp: None,
+        });
+        t.consumed(Consumed {
+            topic: "a",
+            partition: 1,
+            offset: 3,
+            bytes: 1,
+            timestamp: None,
+        });
+        t.consumed(Consumed {
+            topic: "b",
+            partition: 0,
+            offset: 7,
+            bytes: 1,
+            timestamp: None,
+        });
+        t.consumed(Consumed {
+            topic: "a",
+            partition: 0,
+            offset: 15,
+            bytes: 5,
+            timestamp: None,
+        }); // a gap (filtered or aborted records) is fine
         assert_eq!((t.records, t.bytes), (5, 17));
         let mut next: Vec<_> = t
             .next_offsets()

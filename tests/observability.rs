@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use nix::sys::signal::Signal;
+use rdkafka::producer::Producer;
 use serde_json::json;
 
 /// GET `path` from `addr`: (status, body). HTTP/1.1 by hand, to need no client crate.
@@ -53,6 +54,98 @@ fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         })
         .map(|(_, v)| v.parse::<f64>().unwrap())
         .sum()
+}
+
+/// The value of one series: every `label=value` given must match, and exactly one series.
+fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let found: Vec<f64> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| {
+            let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+            n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
+        })
+        .map(|(_, v)| v.parse::<f64>().unwrap())
+        .collect();
+    assert!(found.len() <= 1, "{name} {labels:?}: {found:?}");
+    found.first().copied()
+}
+
+#[test]
+fn lag_and_unstable_records_follow_the_last_stable_offset() {
+    let topics = Topics::create("obs-lag", 1, 1);
+    let group = unique("obs-lag-g");
+    let input = &topics.input;
+    let upstream = Writer::transactional(&unique("obs-lag-upstream"));
+    let p = upstream.producer();
+    p.begin_transaction().unwrap();
+    upstream.write(input, &numbered(1_000, 1));
+    p.commit_transaction(Duration::from_secs(30)).unwrap();
+    // A transaction left open upstream: 50 records a read_committed consumer must not see yet.
+    let pending: Vec<In> = (1_000..1_050)
+        .map(|i| In::json(0, &format!("k{i}"), json!({"id": i, "n": i})))
+        .collect();
+    p.begin_transaction().unwrap();
+    upstream.write(input, &pending);
+
+    let mut args = base_args(&topics, &group, "obs-lag-0");
+    // Small transactions: slow enough to watch the lag shrink.
+    args.extend(["--max-records-per-txn", "20", "--lag-interval", "100ms"].map(String::from));
+    let mut ex = Exactly::start(&args);
+    let addr = http_addr(&ex);
+    let series = [("topic", input.as_str()), ("partition", "0")];
+    let scrape = || get(&addr, "/metrics").unwrap().1;
+    let mut lags = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    // Offsets 0..999 committed upstream, a marker at 1000, the open transaction from 1001.
+    let text = loop {
+        let text = scrape();
+        let lag = sample(&text, "exactly_consumer_lag_records", &series);
+        let unstable = sample(&text, "exactly_partition_unstable_records", &series);
+        lags.extend(lag);
+        if lag == Some(0.0) && unstable == Some(50.0) {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "lag {lag:?} unstable {unstable:?}\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        lags.iter().any(|l| *l > 0.0 && *l <= 1_001.0),
+        "never saw the backlog: {lags:?}"
+    );
+    assert_eq!(committed(&group, input).get(&0), Some(&1_000));
+    assert_eq!(
+        sample(&text, "exactly_end_to_end_latency_seconds_count", &[]),
+        Some(1_000.0)
+    );
+
+    // The upstream commit makes the 50 visible: processed, and nothing unstable any more.
+    p.commit_transaction(Duration::from_secs(30)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = scrape();
+        let lag = sample(&text, "exactly_consumer_lag_records", &series);
+        let unstable = sample(&text, "exactly_partition_unstable_records", &series);
+        let e2e = sample(&text, "exactly_end_to_end_latency_seconds_count", &[]);
+        if lag == Some(0.0) && unstable == Some(0.0) && e2e == Some(1_050.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "lag {lag:?} unstable {unstable:?} e2e {e2e:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(read_all(&topics.output, "read_committed").len(), 1_050);
+    ex.signal(Signal::SIGTERM);
+    assert_eq!(ex.wait(Duration::from_secs(15)).code(), Some(0));
 }
 
 #[test]

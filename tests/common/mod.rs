@@ -177,6 +177,28 @@ impl Writer {
         )
     }
 
+    /// A transactional producer, initialised: test input with transaction markers, or with a
+    /// transaction held open upstream.
+    #[allow(dead_code)]
+    pub fn transactional(transactional_id: &str) -> Writer {
+        let p: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap())
+            .set("transactional.id", transactional_id)
+            // Long enough to hold a transaction open for a whole test.
+            .set("transaction.timeout.ms", "300000")
+            .set("linger.ms", "5")
+            .create()
+            .unwrap();
+        p.init_transactions(Duration::from_secs(30)).unwrap();
+        Writer(p)
+    }
+
+    /// The producer, for transaction calls.
+    #[allow(dead_code)]
+    pub fn producer(&self) -> &ThreadedProducer<DefaultProducerContext> {
+        &self.0
+    }
+
     /// Writes records and waits for every delivery.
     pub fn write(&self, topic: &str, records: &[In]) {
         for r in records {
