@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use crate::config::Config;
 use crate::lag::Positions;
-use crate::txn::TxnDriver;
+use crate::txn::{Reason, TxnDriver};
 
 /// The consumer of the pipeline.
 pub type PipelineConsumer = BaseConsumer<PipelineContext>;
@@ -129,12 +129,12 @@ impl ConsumerContext for PipelineContext {
                 if consumer.assignment_lost() {
                     // Someone else may already own them: nothing of ours may commit.
                     warn!(partitions = %describe(tpl), "partitions lost; aborting the open transaction");
-                    driver.abort_now("partitions_lost");
+                    driver.abort_now(Reason::PartitionsLost);
                 } else {
                     info!(partitions = %describe(tpl), "partitions revoked; committing first");
                     match consumer.group_metadata() {
                         Some(gm) => driver.commit_now(&gm, "rebalance"),
-                        None => driver.abort_now("no_group_metadata"),
+                        None => driver.abort_now(Reason::NoGroupMetadata),
                     }
                 }
             }

@@ -48,6 +48,8 @@ pub struct Metrics {
     pub consumer_lag: IntGaugeVec,
     /// High watermark minus last stable offset, per owned partition.
     pub partition_unstable: IntGaugeVec,
+    /// Last stable offset, per owned partition: a hanging transaction holds it still.
+    pub partition_last_stable: IntGaugeVec,
     /// Commit time minus input record timestamp.
     pub end_to_end_latency: Histogram,
     /// Partitions the two gauges above were last set for, to drop the ones no longer owned.
@@ -94,6 +96,11 @@ impl Metrics {
             registry.register(Box::new(h.clone())).expect("register");
             h
         };
+        let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
+            let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("metric");
+            registry.register(Box::new(g.clone())).expect("register");
+            g
+        };
         let records_filtered = IntCounter::new(
             "records_filtered_total",
             "Input records that yielded no output.",
@@ -102,44 +109,18 @@ impl Metrics {
         registry
             .register(Box::new(records_filtered.clone()))
             .expect("register");
-        let consumer_lag = IntGaugeVec::new(
-            Opts::new(
-                "consumer_lag_records",
-                "Last stable offset minus the next offset to consume, per owned partition.",
-            ),
-            &["topic", "partition"],
-        )
-        .expect("metric");
-        registry
-            .register(Box::new(consumer_lag.clone()))
-            .expect("register");
-        let partition_unstable = IntGaugeVec::new(
-            Opts::new(
-                "partition_unstable_records",
-                "High watermark minus last stable offset, per owned partition: records of \
-                 transactions still open upstream.",
-            ),
-            &["topic", "partition"],
-        )
-        .expect("metric");
-        registry
-            .register(Box::new(partition_unstable.clone()))
-            .expect("register");
-        let build_info = IntGaugeVec::new(
-            Opts::new("build_info", "Version of exactly and of librdkafka."),
+        let build_info = gauge_vec(
+            "build_info",
+            "Version of exactly and of librdkafka.",
             &["version", "librdkafka"],
-        )
-        .expect("metric");
-        registry
-            .register(Box::new(build_info.clone()))
-            .expect("register");
+        );
         build_info
             .with_label_values(&[
                 env!("CARGO_PKG_VERSION"),
                 &rdkafka::util::get_rdkafka_version().1,
             ])
             .set(1);
-        Metrics {
+        let metrics = Metrics {
             records_consumed: counter_vec(
                 "records_consumed_total",
                 "Input records consumed.",
@@ -194,8 +175,22 @@ impl Metrics {
                 &["reason"],
             ),
             ready: gauge("ready", "1 when initialised and consuming."),
-            consumer_lag,
-            partition_unstable,
+            consumer_lag: gauge_vec(
+                "consumer_lag_records",
+                "Last stable offset minus the next offset to process, per owned partition.",
+                &["topic", "partition"],
+            ),
+            partition_unstable: gauge_vec(
+                "partition_unstable_records",
+                "High watermark minus last stable offset, per owned partition: records of \
+                 transactions still open upstream.",
+                &["topic", "partition"],
+            ),
+            partition_last_stable: gauge_vec(
+                "partition_last_stable_offset",
+                "Last stable offset, per owned partition.",
+                &["topic", "partition"],
+            ),
             end_to_end_latency: histogram(
                 "end_to_end_latency_seconds",
                 "Commit time minus the input record's timestamp.",
@@ -206,7 +201,9 @@ impl Metrics {
             ),
             reported: Arc::default(),
             registry,
-        }
+        };
+        metrics.initialise();
+        metrics
     }
 
     /// Sets the lag and unstable-records gauges of the owned partitions, and removes those of
@@ -220,6 +217,9 @@ impl Metrics {
             self.partition_unstable
                 .with_label_values(&values)
                 .set((p.high_watermark - p.last_stable).max(0));
+            self.partition_last_stable
+                .with_label_values(&values)
+                .set(p.last_stable);
             match p.position {
                 Some(pos) => self
                     .consumer_lag
@@ -234,8 +234,28 @@ impl Metrics {
         for (t, p) in reported.difference(&now) {
             let _ = self.consumer_lag.remove_label_values(&[t, p]);
             let _ = self.partition_unstable.remove_label_values(&[t, p]);
+            let _ = self.partition_last_stable.remove_label_values(&[t, p]);
         }
         *reported = now;
+    }
+
+    /// Creates every series of the fixed-label counters at 0: a series that appears only on its
+    /// first increment makes `rate()` and `increase()` miss that first event, and leaves
+    /// dashboards and alerts without data until something goes wrong.
+    fn initialise(&self) {
+        for r in crate::txn::Reason::ALL {
+            self.transaction_aborts.with_label_values(&[r.as_str()]);
+            self.producer_recreations.with_label_values(&[r.as_str()]);
+        }
+        for r in crate::transform::Reason::ALL {
+            self.records_dlq.with_label_values(&[r.as_str()]);
+        }
+        for outcome in ["committed", "aborted"] {
+            self.transactions.with_label_values(&[outcome]);
+        }
+        for event in ["assign", "revoke", "lost"] {
+            self.rebalances.with_label_values(&[event]);
+        }
     }
 
     /// The text exposition of every metric.
@@ -275,6 +295,10 @@ mod tests {
         assert!(text.contains("exactly_transaction_aborts_total{reason=\"test_injected\"} 1"));
         assert!(text.contains("# HELP exactly_transaction_commit_duration_seconds"));
         assert!(text.contains("exactly_build_info{librdkafka="));
+        // Fixed labels exist before their first event.
+        assert!(text.contains("exactly_transaction_aborts_total{reason=\"commit_failed\"} 0"));
+        assert!(text.contains("exactly_records_dlq_total{reason=\"not_json\"} 0"));
+        assert!(text.contains("exactly_producer_recreations_total{reason=\"commit_fenced\"} 0"));
     }
 
     #[test]

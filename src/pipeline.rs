@@ -27,7 +27,7 @@ use crate::lag::Positions;
 use crate::metrics::Metrics;
 use crate::records::{self, Outgoing};
 use crate::transform::{InputRecord, Transform};
-use crate::txn::{Consumed, Outcome, SendError, Tp, TxnDriver};
+use crate::txn::{Consumed, Outcome, Reason, SendError, Tp, TxnDriver};
 
 /// Longest single poll: bounds how late a commit or a shutdown is noticed.
 const MAX_POLL: Duration = Duration::from_millis(100);
@@ -75,7 +75,10 @@ pub fn run(
             Err(Error::ConsumerFenced(e)) if !shutdown.is_cancelled() => {
                 // librdkafka's consumer is finished; the producer is not. Abort what the old
                 // consumer read (its generation can no longer commit) and join again.
-                consumer.context().driver().abort_now("consumer_fenced");
+                consumer
+                    .context()
+                    .driver()
+                    .abort_now(Reason::ConsumerFenced);
                 transform = Some(pipeline.transform);
                 close(consumer, Instant::now() + Duration::from_secs(5));
                 replacements += 1;
@@ -91,7 +94,10 @@ pub fn run(
         let result = result.and_then(|()| pipeline.finish(&shutdown));
         if result.is_err() {
             // Nothing of an unfinished transaction may become visible.
-            consumer.context().driver().abort_now("shutdown_on_error");
+            consumer
+                .context()
+                .driver()
+                .abort_now(Reason::ShutdownOnError);
         }
         drop(pipeline);
         close(consumer, close_by);
@@ -292,7 +298,7 @@ impl Pipeline<'_> {
                     Ok(())
                 }
                 OnError::Fail => {
-                    driver.abort("record_failed")?;
+                    driver.abort(Reason::RecordFailed)?;
                     return Err(Error::RecordFailed(format!(
                         "record {}/{}/{} cannot be transformed: {err}",
                         input.topic, input.partition, input.offset
@@ -320,7 +326,7 @@ impl Pipeline<'_> {
             Err(SendError::Aborted) => Ok(()),
             Err(SendError::Fatal(e)) => Err(e),
             Err(SendError::TooLarge) => {
-                driver.abort("output_too_large")?;
+                driver.abort(Reason::OutputTooLarge)?;
                 Err(Error::RecordFailed(format!(
                     "record {}/{}/{}: an output (or its DLQ copy) is larger than the producer \
                      accepts; raise --producer-config message.max.bytes",

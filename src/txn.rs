@@ -80,6 +80,88 @@ pub enum SendError {
     Fatal(Error),
 }
 
+/// Why a transaction ended without a commit, or a producer was replaced: the `reason` label
+/// of the abort and recreation counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// The partitions were lost (session timeout): another member may own them.
+    PartitionsLost,
+    /// A revoke found no group metadata to commit with.
+    NoGroupMetadata,
+    /// The consumer was fenced (static membership) and is replaced.
+    ConsumerFenced,
+    /// The loop stopped on an unrecoverable error.
+    ShutdownOnError,
+    /// A record failed with --on-error fail.
+    RecordFailed,
+    /// An output or DLQ copy is larger than the producer accepts.
+    OutputTooLarge,
+    /// Producing a record failed.
+    ProduceFailed,
+    /// Producing a record found the producer fenced or fatally failed.
+    ProduceFenced,
+    /// begin_transaction failed.
+    BeginFailed,
+    /// Testing only: --test-abort-every / --test-abort-probability.
+    TestInjected,
+    /// send_offsets_to_transaction failed with an abortable error.
+    SendOffsetsFailed,
+    /// send_offsets_to_transaction found the producer fenced, or timed out.
+    SendOffsetsFenced,
+    /// commit_transaction failed with an abortable error.
+    CommitFailed,
+    /// commit_transaction found the producer fenced.
+    CommitFenced,
+    /// commit_transaction's outcome is unknown (timeout): rewound to what the broker holds.
+    CommitOutcomeUnknown,
+}
+
+impl Reason {
+    /// Every reason, so the counters start at 0 for each.
+    pub const ALL: [Reason; 15] = {
+        use Reason::*;
+        [
+            PartitionsLost,
+            NoGroupMetadata,
+            ConsumerFenced,
+            ShutdownOnError,
+            RecordFailed,
+            OutputTooLarge,
+            ProduceFailed,
+            ProduceFenced,
+            BeginFailed,
+            TestInjected,
+            SendOffsetsFailed,
+            SendOffsetsFenced,
+            CommitFailed,
+            CommitFenced,
+            CommitOutcomeUnknown,
+        ]
+    };
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        use Reason::*;
+        match self {
+            PartitionsLost => "partitions_lost",
+            NoGroupMetadata => "no_group_metadata",
+            ConsumerFenced => "consumer_fenced",
+            ShutdownOnError => "shutdown_on_error",
+            RecordFailed => "record_failed",
+            OutputTooLarge => "output_too_large",
+            ProduceFailed => "produce_failed",
+            ProduceFenced => "produce_fenced",
+            BeginFailed => "begin_failed",
+            TestInjected => "test_injected",
+            SendOffsetsFailed => "send_offsets_failed",
+            SendOffsetsFenced => "send_offsets_fenced",
+            CommitFailed => "commit_failed",
+            CommitFenced => "commit_fenced",
+            CommitOutcomeUnknown => "commit_outcome_unknown",
+        }
+    }
+}
+
 /// One input record, as the open transaction counts it.
 #[derive(Debug, Clone, Copy)]
 pub struct Consumed<'a> {
@@ -326,7 +408,7 @@ impl TxnDriver {
                 return Err(unrecoverable("beginning a transaction", e));
             }
             warn!(error = %e, "begin_transaction failed; recreating the producer");
-            self.fail_recreate("begin_failed")?;
+            self.fail_recreate(Reason::BeginFailed)?;
             return Ok(false);
         }
         self.open = Some(OpenTxn::new());
@@ -358,13 +440,14 @@ impl TxnDriver {
                         Action::Exit => Err(SendError::Fatal(unrecoverable("producing", e))),
                         Action::RecreateProducer => {
                             warn!(error = %e, "produce failed; recreating the producer");
-                            self.fail_recreate("produce_fenced")
+                            self.fail_recreate(Reason::ProduceFenced)
                                 .map_err(SendError::Fatal)?;
                             Err(SendError::Aborted)
                         }
                         _ => {
                             warn!(error = %e, "produce failed; aborting the transaction");
-                            self.abort("produce_failed").map_err(SendError::Fatal)?;
+                            self.abort(Reason::ProduceFailed)
+                                .map_err(SendError::Fatal)?;
                             Err(SendError::Aborted)
                         }
                     };
@@ -382,7 +465,7 @@ impl TxnDriver {
         self.attempts += 1;
         if self.test_abort_now() {
             info!("test switch: aborting this transaction instead of committing it");
-            self.abort("test_injected")?;
+            self.abort(Reason::TestInjected)?;
             return Ok(Outcome::Aborted);
         }
         let Some(t) = self.open.as_ref() else {
@@ -413,12 +496,12 @@ impl TxnDriver {
                 Action::Exit => return Err(unrecoverable("sending offsets", e)),
                 Action::RecreateProducer | Action::UnknownOutcome => {
                     warn!(error = %e, "send_offsets_to_transaction failed; recreating the producer");
-                    self.fail_recreate("send_offsets_fenced")?;
+                    self.fail_recreate(Reason::SendOffsetsFenced)?;
                     return Ok(Outcome::Aborted);
                 }
                 Action::Retry | Action::Abort => {
                     warn!(error = %e, "send_offsets_to_transaction failed; aborting");
-                    self.abort("send_offsets_failed")?;
+                    self.abort(Reason::SendOffsetsFailed)?;
                     return Ok(Outcome::Aborted);
                 }
             }
@@ -440,12 +523,12 @@ impl TxnDriver {
                 Action::Exit => return Err(unrecoverable("committing", e)),
                 Action::Abort => {
                     warn!(error = %e, "commit_transaction failed; aborting");
-                    self.abort("commit_failed")?;
+                    self.abort(Reason::CommitFailed)?;
                     return Ok(Outcome::Aborted);
                 }
                 Action::RecreateProducer => {
                     warn!(error = %e, "commit_transaction: producer fenced; recreating it");
-                    self.fail_recreate("commit_fenced")?;
+                    self.fail_recreate(Reason::CommitFenced)?;
                     return Ok(Outcome::Aborted);
                 }
                 Action::Retry | Action::UnknownOutcome => {
@@ -454,7 +537,7 @@ impl TxnDriver {
                     // what the broker holds as committed.
                     warn!(error = %e, "commit outcome unknown; aborting or recreating, then \
                                        rewinding to the broker's committed offsets");
-                    self.abort("commit_outcome_unknown")?;
+                    self.abort(Reason::CommitOutcomeUnknown)?;
                     return Ok(Outcome::Aborted);
                 }
             }
@@ -480,20 +563,13 @@ impl TxnDriver {
 
     /// Aborts the open transaction (if any) and leaves a rewind pending. A failed abort
     /// recreates the producer, whose init_transactions aborts it on the broker.
-    pub fn abort(&mut self, reason: &'static str) -> Result<(), Error> {
+    pub fn abort(&mut self, reason: Reason) -> Result<(), Error> {
         let Some(t) = self.open.take() else {
             return Ok(());
         };
         self.failures_in_a_row += 1;
         self.set_rewind(t);
-        self.metrics
-            .transactions
-            .with_label_values(&["aborted"])
-            .inc();
-        self.metrics
-            .transaction_aborts
-            .with_label_values(&[reason])
-            .inc();
+        self.count_abort(reason);
         let mut tries = 0;
         loop {
             let result = {
@@ -501,7 +577,7 @@ impl TxnDriver {
                 self.producer.abort_transaction(self.timeout())
             };
             let Err(e) = result else {
-                info!(reason, "transaction aborted");
+                info!(reason = reason.as_str(), "transaction aborted");
                 return Ok(());
             };
             match classify(Call::Abort, &Facts::of(&e)) {
@@ -511,11 +587,19 @@ impl TxnDriver {
                     std::thread::sleep(Duration::from_millis(50 * u64::from(tries)));
                 }
                 _ => {
-                    warn!(error = %e, reason, "abort_transaction failed; recreating the producer");
+                    warn!(error = %e, reason = reason.as_str(), "abort_transaction failed; recreating the producer");
                     return self.recreate(reason);
                 }
             }
         }
+    }
+
+    fn count_abort(&self, reason: Reason) {
+        let m = &self.metrics;
+        m.transactions.with_label_values(&["aborted"]).inc();
+        m.transaction_aborts
+            .with_label_values(&[reason.as_str()])
+            .inc();
     }
 
     /// Commit from a rebalance callback: errors are kept for the loop.
@@ -528,7 +612,7 @@ impl TxnDriver {
     }
 
     /// Abort from a rebalance callback: errors are kept for the loop.
-    pub fn abort_now(&mut self, reason: &'static str) {
+    pub fn abort_now(&mut self, reason: Reason) {
         if let Err(e) = self.abort(reason) {
             self.fatal = Some(e);
         }
@@ -558,9 +642,11 @@ impl TxnDriver {
             .extend(t.first_offsets());
     }
 
-    fn fail_recreate(&mut self, reason: &'static str) -> Result<(), Error> {
+    fn fail_recreate(&mut self, reason: Reason) -> Result<(), Error> {
         if let Some(t) = self.open.take() {
+            // Replacing the producer aborts its transaction: counted like any other abort.
             self.set_rewind(t);
+            self.count_abort(reason);
         }
         self.failures_in_a_row += 1;
         self.recreate(reason)
@@ -568,7 +654,7 @@ impl TxnDriver {
 
     /// Replaces the producer: the new one's init_transactions bumps the epoch (fencing the old
     /// one) and completes whatever the old one left open. Backs off while failures repeat.
-    fn recreate(&mut self, reason: &'static str) -> Result<(), Error> {
+    fn recreate(&mut self, reason: Reason) -> Result<(), Error> {
         if let Some(t) = self.open.take() {
             self.set_rewind(t);
         }
@@ -579,21 +665,26 @@ impl TxnDriver {
                 // Nothing is open any more; the coordinator aborts what the old producer left,
                 // or the next start fences it. Waiting for the broker would outlast the grace.
                 return Err(Error::Startup(format!(
-                    "shutting down before the producer could be recreated ({reason}); the open \
-                     transaction is left to the coordinator to abort"
+                    "shutting down before the producer could be recreated ({}); the open \
+                     transaction is left to the coordinator to abort",
+                    reason.as_str()
                 )));
             }
             if !backoff.is_zero() {
-                info!(?backoff, reason, "waiting before recreating the producer");
+                info!(
+                    ?backoff,
+                    reason = reason.as_str(),
+                    "waiting before recreating the producer"
+                );
                 std::thread::sleep(backoff);
             }
             match create_and_init(&self.config, self.timeout(), &self.health) {
                 Ok(p) => {
                     self.producer = p;
-                    warn!(reason, "producer recreated");
+                    warn!(reason = reason.as_str(), "producer recreated");
                     self.metrics
                         .producer_recreations
-                        .with_label_values(&[reason])
+                        .with_label_values(&[reason.as_str()])
                         .inc();
                     return Ok(());
                 }
@@ -601,7 +692,7 @@ impl TxnDriver {
                     if classify(Call::Init, &Facts::of(&e)) == Action::Exit {
                         return Err(unrecoverable("recreating the producer", e));
                     }
-                    error!(error = %e, reason, "could not recreate the producer; retrying");
+                    error!(error = %e, reason = reason.as_str(), "could not recreate the producer; retrying");
                     backoff = (backoff * 2).clamp(Duration::from_millis(100), MAX_BACKOFF);
                 }
             }

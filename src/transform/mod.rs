@@ -70,6 +70,15 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason, so the DLQ counter starts at 0 for each.
+    pub const ALL: [Reason; 5] = [
+        Reason::NotJson,
+        Reason::JqError,
+        Reason::OutputTooLarge,
+        Reason::TooManyOutputs,
+        Reason::BadEnvelope,
+    ];
+
     /// Stable name, used in the `exactly.error.reason` header.
     pub fn as_str(self) -> &'static str {
         match self {
