@@ -13,7 +13,12 @@ fi
 stop() { if [ "$started" = 1 ]; then scripts/kafka.sh stop; fi; }
 trap stop EXIT
 
+# promtool, prometheus, hadolint, docker compose (installed when missing).
+eval "$(scripts/tools.sh)"
+
 EXACTLY_TEST_BOOTSTRAP=$(scripts/kafka.sh bootstrap)
 export EXACTLY_TEST_BOOTSTRAP
 echo "test.sh: broker at $EXACTLY_TEST_BOOTSTRAP"
-cargo test --all-targets "$@"
+# No arguments: every test. With arguments (e.g. --test exactly_once): only those.
+if [ $# -eq 0 ]; then set -- --all-targets; fi
+cargo test "$@"

@@ -765,3 +765,38 @@ pub fn partitions_of(owned: &str) -> Vec<i32> {
         })
         .collect()
 }
+
+/// Every metric family exactly exports.
+#[allow(dead_code)]
+pub const METRIC_FAMILIES: &[&str] = &[
+    "exactly_records_consumed_total",
+    "exactly_records_produced_total",
+    "exactly_records_filtered_total",
+    "exactly_records_dlq_total",
+    "exactly_transactions_total",
+    "exactly_transaction_aborts_total",
+    "exactly_transaction_commit_duration_seconds",
+    "exactly_transaction_records",
+    "exactly_open_transaction_age_seconds",
+    "exactly_last_commit_timestamp_seconds",
+    "exactly_consumer_lag_records",
+    "exactly_partition_unstable_records",
+    "exactly_partition_last_stable_offset",
+    "exactly_end_to_end_latency_seconds",
+    "exactly_rebalances_total",
+    "exactly_assigned_partitions",
+    "exactly_producer_recreations_total",
+    "exactly_ready",
+    "exactly_build_info",
+];
+
+/// A checker that scripts/tools.sh installs (scripts/test.sh puts it on the PATH).
+#[allow(dead_code)]
+pub fn tool(name: &str) -> Command {
+    let probe = Command::new(name).arg("--version").output();
+    assert!(
+        probe.is_ok(),
+        "{name} not found: run the tests through scripts/test.sh, which installs it"
+    );
+    Command::new(name)
+}
