@@ -47,7 +47,7 @@ program='{order: .id, customer, cents: (.amount * 100 | round), day: (.ts / 1000
 say "running exactly: $in -> jq -> $out (exactly once)"
 echo "  jq: $program"
 "$bin" run --bootstrap-servers "$bootstrap" --input-topics "$in" --output-topic "$out" \
-  --group-id "$group" --jq "$program" --log-format text --http-addr 127.0.0.1:0 >"$run.log" 2>&1 &
+  --group-id "$group" --jq "$program" --log-format text --http-addr 127.0.0.1:0 --lag-interval 1s >"$run.log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null || true' EXIT
 
@@ -84,9 +84,11 @@ import sys, urllib.request
 base = f"http://{sys.argv[1]}"
 text = urllib.request.urlopen(f"{base}/metrics").read().decode()
 keep = ("exactly_records_", "exactly_transactions_total", "exactly_transaction_commit_duration_seconds_count",
-        "exactly_assigned_partitions", "exactly_ready")
+        "exactly_consumer_lag_records", "exactly_partition_unstable_records",
+        "exactly_end_to_end_latency_seconds_count", "exactly_assigned_partitions", "exactly_ready")
 for line in text.splitlines():
-    if line.startswith(keep):
+    # Counters with a reason label start at 0 for every reason; show the ones that moved.
+    if line.startswith(keep) and not ("reason=" in line and line.endswith(" 0")):
         print("  " + line)
 for path in ("/livez", "/readyz"):
     r = urllib.request.urlopen(f"{base}{path}")

@@ -80,7 +80,7 @@ pub fn run(
                     .driver()
                     .abort_now(Reason::ConsumerFenced);
                 transform = Some(pipeline.transform);
-                close(consumer, Instant::now() + Duration::from_secs(5));
+                close(consumer, Instant::now() + Duration::from_secs(5), false);
                 replacements += 1;
                 let pause = Duration::from_secs(u64::from(replacements.min(10)));
                 error!(error = %e, ?pause, "consumer fenced; replacing it");
@@ -100,7 +100,7 @@ pub fn run(
                 .abort_now(Reason::ShutdownOnError);
         }
         drop(pipeline);
-        close(consumer, close_by);
+        close(consumer, close_by, true);
         info!("exactly stopped");
         return result;
     }
@@ -111,18 +111,23 @@ pub fn run(
 /// unresponsive coordinator, and Drop would wait without bound: past `deadline` (or when a
 /// broken consumer cannot start closing) it is left as it is, and the group notices the
 /// session timeout instead.
-fn close(consumer: PipelineConsumer, deadline: Instant) {
+///
+/// On the way out (`exiting`), a closed consumer is not dropped either: rust-rdkafka's Drop
+/// closes it a second time and logs that as an error, and the process ends next anyway.
+fn close(consumer: PipelineConsumer, deadline: Instant, exiting: bool) {
     if consumer.close_queue().is_ok() {
         while !consumer.closed() && Instant::now() < deadline {
             consumer.poll(MAX_POLL);
         }
     }
-    if consumer.closed() {
-        drop(consumer);
-    } else {
+    if !consumer.closed() {
         warn!("the consumer did not close in time; the group will time it out");
-        // Dropping it would block until it closes; the process is about to exit.
+        // Dropping it would block until it closes.
         std::mem::forget(consumer);
+    } else if exiting {
+        std::mem::forget(consumer);
+    } else {
+        drop(consumer);
     }
 }
 
