@@ -282,6 +282,12 @@ pub struct RunArgs {
     #[arg(long, env = "EXACTLY_STATIC_MEMBERSHIP")]
     pub static_membership: bool,
 
+    /// exactly-once: outputs and offsets in one Kafka transaction. at-least-once: an
+    /// idempotent producer, offsets committed after every output of a batch is delivered (a
+    /// crash or error can duplicate outputs, never lose them); no transactions.
+    #[arg(long, env = "EXACTLY_GUARANTEE", value_enum, default_value_t = Guarantee::ExactlyOnce)]
+    pub guarantee: Guarantee,
+
     /// Commit the open transaction this long after it began.
     #[arg(long, env = "EXACTLY_COMMIT_INTERVAL", value_name = "DURATION", default_value = "100ms", value_parser = parse_duration)]
     pub commit_interval: Duration,
@@ -471,6 +477,15 @@ const PRODUCER_OWNED: &[(&str, &str)] = &[
     ),
 ];
 
+/// The delivery guarantee.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Guarantee {
+    /// Outputs and offsets commit in one Kafka transaction.
+    ExactlyOnce,
+    /// Offsets commit after the outputs are delivered; no transactions.
+    AtLeastOnce,
+}
+
 /// Where the input comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Input {
@@ -511,6 +526,8 @@ pub struct Config {
     pub transactional_id: String,
     /// Join as a static member.
     pub static_membership: bool,
+    /// Transactions, or batches committed after delivery.
+    pub guarantee: Guarantee,
     /// Commit after this long.
     pub commit_interval: Duration,
     /// Commit after this many input records.
@@ -642,6 +659,7 @@ impl RunArgs {
             instance_id,
             transactional_id,
             static_membership: self.static_membership,
+            guarantee: self.guarantee,
             commit_interval: ci,
             max_records_per_txn: self.max_records_per_txn,
             max_bytes_per_txn: self.max_bytes_per_txn,

@@ -14,7 +14,7 @@ use rdkafka::statistics::Statistics;
 use rdkafka::topic_partition_list::TopicPartitionList;
 use tracing::{info, warn};
 
-use crate::config::Config;
+use crate::config::{Config, Guarantee};
 use crate::lag::Positions;
 use crate::txn::{Reason, TxnDriver};
 
@@ -50,13 +50,14 @@ pub fn producer_config(c: &Config) -> ClientConfig {
     let mut pc = ClientConfig::new();
     pc.set("bootstrap.servers", &c.bootstrap_servers)
         .set("client.id", format!("exactly-{}", c.instance_id))
-        .set("transactional.id", &c.transactional_id)
-        .set(
-            "transaction.timeout.ms",
-            c.transaction_timeout.as_millis().to_string(),
-        )
         .set("enable.idempotence", "true")
         .set("acks", "all");
+    if c.guarantee == Guarantee::ExactlyOnce {
+        pc.set("transactional.id", &c.transactional_id).set(
+            "transaction.timeout.ms",
+            c.transaction_timeout.as_millis().to_string(),
+        );
+    }
     for (k, v) in &c.producer_config {
         pc.set(k, v);
     }
@@ -132,10 +133,7 @@ impl ConsumerContext for PipelineContext {
                     driver.abort_now(Reason::PartitionsLost);
                 } else {
                     info!(partitions = %describe(tpl), "partitions revoked; committing first");
-                    match consumer.group_metadata() {
-                        Some(gm) => driver.commit_now(&gm, "rebalance"),
-                        None => driver.abort_now(Reason::NoGroupMetadata),
-                    }
+                    driver.commit_now(consumer, "rebalance");
                 }
             }
             Rebalance::Assign(tpl) => {
@@ -209,6 +207,11 @@ mod tests {
         assert_eq!(pc.get("transactional.id"), Some("g-pod-0"));
         assert_eq!(pc.get("transaction.timeout.ms"), Some("30000"));
         assert_eq!(pc.get("enable.idempotence"), Some("true"));
+        let pc = producer_config(&config(&["--guarantee", "at-least-once"]));
+        assert_eq!(pc.get("transactional.id"), None);
+        assert_eq!(pc.get("transaction.timeout.ms"), None);
+        assert_eq!(pc.get("enable.idempotence"), Some("true"));
+        assert_eq!(pc.get("acks"), Some("all"));
     }
 
     #[test]

@@ -41,15 +41,7 @@ pub fn run(
     positions: Arc<Positions>,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
-    let driver = TxnDriver::start(
-        kafka::producer_config(config),
-        config.transaction_timeout,
-        config.startup_timeout,
-        health.clone(),
-        metrics,
-        shutdown.clone(),
-        config.test_aborts,
-    )?;
+    let driver = TxnDriver::start(config, health.clone(), metrics, shutdown.clone())?;
     let max_message_bytes = check_topics(&driver, config)?;
     let driver = Arc::new(Mutex::new(driver));
     info!(
@@ -202,8 +194,7 @@ impl Pipeline<'_> {
                 c.max_records_per_txn,
                 c.max_bytes_per_txn,
             ) {
-                let gm = self.group_metadata()?;
-                let outcome = driver.commit(&gm)?;
+                let outcome = driver.commit(self.consumer)?;
                 if let Outcome::Committed { records } = outcome {
                     debug!(records, "transaction committed");
                 }
@@ -218,10 +209,9 @@ impl Pipeline<'_> {
     fn finish(&mut self, shutdown: &CancellationToken) -> Result<(), Error> {
         debug_assert!(shutdown.is_cancelled());
         let deadline = Instant::now() + self.config.shutdown_grace.saturating_sub(MAX_POLL * 10);
-        let gm = self.group_metadata()?;
         let mut driver = self.consumer.context().driver();
         driver.set_deadline(deadline);
-        match driver.commit(&gm)? {
+        match driver.commit(self.consumer)? {
             Outcome::Committed { records } => info!(records, "final transaction committed"),
             Outcome::Aborted => {
                 warn!("final transaction aborted; its records are read again next time")
@@ -236,12 +226,6 @@ impl Pipeline<'_> {
             .context()
             .driver()
             .due_in(self.config.commit_interval)
-    }
-
-    fn group_metadata(&self) -> Result<rdkafka::consumer::ConsumerGroupMetadata, Error> {
-        self.consumer
-            .group_metadata()
-            .ok_or_else(|| Error::Startup("the consumer has no group metadata".into()))
     }
 
     fn process(&mut self, msg: &BorrowedMessage<'_>) -> Result<(), Error> {

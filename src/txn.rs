@@ -13,17 +13,19 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
-use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::consumer::{CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use crate::config::Guarantee;
 use crate::error::{Action, Call, Error, Facts, classify};
 use crate::health::Health;
 use crate::metrics::Metrics;
@@ -40,8 +42,15 @@ const MAX_RETRIES: u32 = 5;
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 /// Producer callbacks. In a transaction a failed delivery also makes the commit fail with an
-/// abortable error, so here it is only logged.
-pub struct DeliveryContext;
+/// abortable error; without one (at-least-once) the driver counts failures itself and does not
+/// commit offsets past a batch that had any.
+#[derive(Default)]
+pub struct DeliveryContext {
+    /// Records sent and not yet reported.
+    pending: AtomicU64,
+    /// Failed deliveries since the batch began.
+    failed: AtomicU64,
+}
 
 impl ClientContext for DeliveryContext {}
 
@@ -50,8 +59,10 @@ impl ProducerContext for DeliveryContext {
 
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
         if let Err((e, _)) = result {
-            debug!(error = %e, "delivery failed; the transaction will abort");
+            debug!(error = %e, "delivery failed; the batch will not commit");
+            self.failed.fetch_add(1, Ordering::SeqCst);
         }
+        self.pending.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -114,11 +125,15 @@ pub enum Reason {
     CommitFenced,
     /// commit_transaction's outcome is unknown (timeout): rewound to what the broker holds.
     CommitOutcomeUnknown,
+    /// At-least-once: a record of the batch was not delivered, so its offsets are not committed.
+    DeliveryFailed,
+    /// At-least-once: committing the batch's offsets failed.
+    OffsetCommitFailed,
 }
 
 impl Reason {
     /// Every reason, so the counters start at 0 for each.
-    pub const ALL: [Reason; 15] = {
+    pub const ALL: [Reason; 17] = {
         use Reason::*;
         [
             PartitionsLost,
@@ -136,6 +151,8 @@ impl Reason {
             CommitFailed,
             CommitFenced,
             CommitOutcomeUnknown,
+            DeliveryFailed,
+            OffsetCommitFailed,
         ]
     };
 
@@ -158,6 +175,8 @@ impl Reason {
             CommitFailed => "commit_failed",
             CommitFenced => "commit_fenced",
             CommitOutcomeUnknown => "commit_outcome_unknown",
+            DeliveryFailed => "delivery_failed",
+            OffsetCommitFailed => "offset_commit_failed",
         }
     }
 }
@@ -242,6 +261,7 @@ impl OpenTxn {
 
 /// Owns the producer and the state of the open transaction.
 pub struct TxnDriver {
+    guarantee: Guarantee,
     config: ClientConfig,
     producer: TxnProducer,
     open: Option<OpenTxn>,
@@ -271,16 +291,18 @@ pub enum TestAborts {
 }
 
 impl TxnDriver {
-    /// Creates the producer and initialises transactions, retrying until `startup_timeout`.
+    /// Creates the producer and initialises transactions, retrying until --startup-timeout.
     pub fn start(
-        config: ClientConfig,
-        call_timeout: Duration,
-        startup_timeout: Duration,
+        c: &crate::config::Config,
         health: Arc<Health>,
         metrics: Arc<Metrics>,
         shutdown: CancellationToken,
-        test_aborts: Option<TestAborts>,
     ) -> Result<TxnDriver, Error> {
+        let (guarantee, startup_timeout, test_aborts) =
+            (c.guarantee, c.startup_timeout, c.test_aborts);
+        // Every transactional call is bounded by the transaction timeout.
+        let call_timeout = c.transaction_timeout;
+        let config = crate::kafka::producer_config(c);
         let deadline = Instant::now() + startup_timeout;
         let mut last: Option<KafkaError> = None;
         let servers = config
@@ -289,9 +311,10 @@ impl TxnDriver {
             .to_string();
         while Instant::now() < deadline && !shutdown.is_cancelled() {
             let left = deadline.saturating_duration_since(Instant::now());
-            match create_and_init(&config, left.min(call_timeout), &health) {
+            match create_and_init(guarantee, &config, left.min(call_timeout), &health) {
                 Ok(producer) => {
                     return Ok(TxnDriver {
+                        guarantee,
                         config,
                         producer,
                         open: None,
@@ -399,6 +422,12 @@ impl TxnDriver {
         if self.open.is_some() {
             return Ok(true);
         }
+        if self.guarantee == Guarantee::AtLeastOnce {
+            // A batch, not a transaction: failures of earlier batches are settled already.
+            self.producer.context().failed.store(0, Ordering::SeqCst);
+            self.open = Some(OpenTxn::new());
+            return Ok(true);
+        }
         let result = {
             let _g = self.health.in_call("begin_transaction");
             self.producer.begin_transaction()
@@ -426,7 +455,13 @@ impl TxnDriver {
     pub fn send(&mut self, mut record: BaseRecord<'_, [u8], [u8]>) -> Result<(), SendError> {
         loop {
             match self.producer.send(record) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    self.producer
+                        .context()
+                        .pending
+                        .fetch_add(1, Ordering::SeqCst);
+                    return Ok(());
+                }
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
                     record = r;
                     self.health.beat();
@@ -458,7 +493,12 @@ impl TxnDriver {
 
     /// Commits the open transaction: offsets first, then EndTxn. Any failure ends in an abort
     /// or a new producer, with a rewind pending; only unrecoverable errors are returned.
-    pub fn commit(&mut self, gm: &ConsumerGroupMetadata) -> Result<Outcome, Error> {
+    /// At least once: waits for every delivery of the batch, then commits its offsets through
+    /// the consumer.
+    pub fn commit<X: ConsumerContext, C: Consumer<X>>(
+        &mut self,
+        consumer: &C,
+    ) -> Result<Outcome, Error> {
         if self.open.is_none() {
             return Ok(Outcome::Empty);
         }
@@ -471,7 +511,6 @@ impl TxnDriver {
         let Some(t) = self.open.as_ref() else {
             return Ok(Outcome::Empty);
         };
-        let records = t.records;
         let started = Instant::now();
         let mut tpl = TopicPartitionList::new();
         for (topic, partition, next) in t.next_offsets() {
@@ -479,12 +518,20 @@ impl TxnDriver {
                 .map_err(|e| unrecoverable("building the offsets to commit", e))?;
         }
 
+        if self.guarantee == Guarantee::AtLeastOnce {
+            return self.commit_delivered(consumer, &tpl, started);
+        }
+        let Some(gm) = consumer.group_metadata() else {
+            warn!("no group metadata to commit with; aborting");
+            self.abort(Reason::NoGroupMetadata)?;
+            return Ok(Outcome::Aborted);
+        };
         let mut tries = 0;
         loop {
             let result = {
                 let _g = self.health.in_call("send_offsets_to_transaction");
                 self.producer
-                    .send_offsets_to_transaction(&tpl, gm, self.timeout())
+                    .send_offsets_to_transaction(&tpl, &gm, self.timeout())
             };
             let Err(e) = result else { break };
             match classify(Call::SendOffsets, &Facts::of(&e)) {
@@ -542,7 +589,52 @@ impl TxnDriver {
                 }
             }
         }
-        let committed = self.open.take().map(|t| t.timestamps).unwrap_or_default();
+        Ok(self.committed(started))
+    }
+
+    /// At least once: every output of the batch delivered, then its offsets committed.
+    fn commit_delivered<X: ConsumerContext, C: Consumer<X>>(
+        &mut self,
+        consumer: &C,
+        offsets: &TopicPartitionList,
+        started: Instant,
+    ) -> Result<Outcome, Error> {
+        let flushed = {
+            let _g = self.health.in_call("flush");
+            self.producer.flush(self.timeout())
+        };
+        // flush returns once the queue is empty; the last delivery callbacks may still run.
+        let ctx = self.producer.context();
+        let settle = Instant::now() + Duration::from_secs(1);
+        while ctx.pending.load(Ordering::SeqCst) > 0 && Instant::now() < settle {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let failed = ctx.failed.load(Ordering::SeqCst);
+        if flushed.is_err() || failed > 0 || ctx.pending.load(Ordering::SeqCst) > 0 {
+            warn!(failed, flushed = ?flushed.err(), "outputs not all delivered; not committing \
+                                                      offsets, rewinding (at least once)");
+            self.abort(Reason::DeliveryFailed)?;
+            return Ok(Outcome::Aborted);
+        }
+        let result = {
+            let _g = self.health.in_call("commit offsets");
+            consumer.commit(offsets, CommitMode::Sync)
+        };
+        if let Err(e) = result {
+            warn!(error = %e, "committing offsets failed; rewinding (at least once)");
+            self.abort(Reason::OffsetCommitFailed)?;
+            return Ok(Outcome::Aborted);
+        }
+        Ok(self.committed(started))
+    }
+
+    /// Bookkeeping of a successful commit.
+    fn committed(&mut self, started: Instant) -> Outcome {
+        let (records, committed) = self
+            .open
+            .take()
+            .map(|t| (t.records, t.timestamps))
+            .unwrap_or_default();
         self.failures_in_a_row = 0;
         let m = &self.metrics;
         m.transactions.with_label_values(&["committed"]).inc();
@@ -558,7 +650,7 @@ impl TxnDriver {
             m.end_to_end_latency
                 .observe(now_ms.saturating_sub(ts).max(0) as f64 / 1000.0);
         }
-        Ok(Outcome::Committed { records })
+        Outcome::Committed { records }
     }
 
     /// Aborts the open transaction (if any) and leaves a rewind pending. A failed abort
@@ -570,6 +662,14 @@ impl TxnDriver {
         self.failures_in_a_row += 1;
         self.set_rewind(t);
         self.count_abort(reason);
+        if self.guarantee == Guarantee::AtLeastOnce {
+            // Nothing to abort: what was sent stays, and comes again after the rewind.
+            info!(
+                reason = reason.as_str(),
+                "batch dropped; rewinding (at least once)"
+            );
+            return Ok(());
+        }
         let mut tries = 0;
         loop {
             let result = {
@@ -603,8 +703,12 @@ impl TxnDriver {
     }
 
     /// Commit from a rebalance callback: errors are kept for the loop.
-    pub fn commit_now(&mut self, gm: &ConsumerGroupMetadata, why: &'static str) {
-        match self.commit(gm) {
+    pub fn commit_now<X: ConsumerContext, C: Consumer<X>>(
+        &mut self,
+        consumer: &C,
+        why: &'static str,
+    ) {
+        match self.commit(consumer) {
             Ok(Outcome::Committed { records }) => info!(records, why, "transaction committed"),
             Ok(_) => {}
             Err(e) => self.fatal = Some(e),
@@ -678,7 +782,7 @@ impl TxnDriver {
                 );
                 std::thread::sleep(backoff);
             }
-            match create_and_init(&self.config, self.timeout(), &self.health) {
+            match create_and_init(self.guarantee, &self.config, self.timeout(), &self.health) {
                 Ok(p) => {
                     self.producer = p;
                     warn!(reason = reason.as_str(), "producer recreated");
@@ -717,13 +821,16 @@ fn backoff(failures: u32) -> Duration {
 }
 
 fn create_and_init(
+    guarantee: Guarantee,
     config: &ClientConfig,
     timeout: Duration,
     health: &Health,
 ) -> Result<TxnProducer, KafkaError> {
-    let producer: TxnProducer = config.create_with_context(DeliveryContext)?;
-    let _g = health.in_call("init_transactions");
-    producer.init_transactions(timeout)?;
+    let producer: TxnProducer = config.create_with_context(DeliveryContext::default())?;
+    if guarantee == Guarantee::ExactlyOnce {
+        let _g = health.in_call("init_transactions");
+        producer.init_transactions(timeout)?;
+    }
     Ok(producer)
 }
 
