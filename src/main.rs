@@ -7,6 +7,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
 use exactly::config::{Cli, Command};
+
+// jq programs allocate for every value they touch; mimalloc takes about a quarter off the
+// instructions per record of a jq transform (BENCHMARKS.md, "Profile").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use exactly::error::Error;
 
 fn main() -> ExitCode {

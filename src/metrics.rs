@@ -4,7 +4,7 @@
 //! Labels are bounded: topics, partitions, fixed reason and outcome names; never keys or
 //! offsets.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use prometheus::{
@@ -269,6 +269,37 @@ impl Metrics {
     }
 }
 
+/// The per-record counters, looked up once per topic (and partition) instead of per record:
+/// a labelled look-up hashes the label values, and the partition label is a formatted number.
+#[derive(Default)]
+pub struct RecordCounters {
+    consumed: HashMap<String, HashMap<i32, IntCounter>>,
+    produced: HashMap<String, IntCounter>,
+}
+
+impl RecordCounters {
+    /// `exactly_records_consumed_total{topic, partition}`.
+    pub fn consumed(&mut self, m: &Metrics, topic: &str, partition: i32) -> &IntCounter {
+        if !self.consumed.contains_key(topic) {
+            self.consumed.insert(topic.to_string(), HashMap::new());
+        }
+        let partitions = self.consumed.get_mut(topic).expect("inserted above");
+        partitions.entry(partition).or_insert_with(|| {
+            m.records_consumed
+                .with_label_values(&[topic, &partition.to_string()])
+        })
+    }
+
+    /// `exactly_records_produced_total{topic}`.
+    pub fn produced(&mut self, m: &Metrics, topic: &str) -> &IntCounter {
+        if !self.produced.contains_key(topic) {
+            let c = m.records_produced.with_label_values(&[topic]);
+            self.produced.insert(topic.to_string(), c);
+        }
+        &self.produced[topic]
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
@@ -299,6 +330,18 @@ mod tests {
         assert!(text.contains("exactly_transaction_aborts_total{reason=\"commit_failed\"} 0"));
         assert!(text.contains("exactly_records_dlq_total{reason=\"not_json\"} 0"));
         assert!(text.contains("exactly_producer_recreations_total{reason=\"commit_fenced\"} 0"));
+    }
+
+    #[test]
+    fn cached_counters_are_the_registered_ones() {
+        let m = Metrics::new();
+        let mut c = RecordCounters::default();
+        c.consumed(&m, "in", 2).inc();
+        c.consumed(&m, "in", 2).inc();
+        c.produced(&m, "out").inc_by(3);
+        let text = m.render();
+        assert!(text.contains(r#"exactly_records_consumed_total{partition="2",topic="in"} 2"#));
+        assert!(text.contains(r#"exactly_records_produced_total{topic="out"} 3"#));
     }
 
     #[test]

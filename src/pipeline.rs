@@ -24,7 +24,7 @@ use crate::error::{Action, Call, Error, Facts, classify};
 use crate::health::Health;
 use crate::kafka::{self, PipelineConsumer, PipelineContext};
 use crate::lag::Positions;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RecordCounters};
 use crate::records::{self, Outgoing};
 use crate::transform::{InputRecord, Transform};
 use crate::txn::{Consumed, Outcome, Reason, SendError, Tp, TxnDriver};
@@ -60,6 +60,7 @@ pub fn run(
             transform: transform.take().expect("the transform is handed back"),
             consumer: &consumer,
             max_message_bytes,
+            counters: RecordCounters::default(),
         };
         let result = pipeline.run_loop(&health, &shutdown);
         health.set_ready(false);
@@ -157,6 +158,7 @@ struct Pipeline<'c> {
     consumer: &'c PipelineConsumer,
     /// The producer's message.max.bytes: larger outputs are transform errors, not aborts.
     max_message_bytes: usize,
+    counters: RecordCounters,
 }
 
 impl Pipeline<'_> {
@@ -250,11 +252,7 @@ impl Pipeline<'_> {
                     if sent.is_err() {
                         break;
                     }
-                    driver
-                        .metrics()
-                        .records_produced
-                        .with_label_values(&[topic])
-                        .inc();
+                    self.counters.produced(driver.metrics(), topic).inc();
                 }
                 sent
             }
@@ -304,10 +302,8 @@ impl Pipeline<'_> {
                     bytes,
                     timestamp: input.timestamp,
                 });
-                let partition = input.partition.to_string();
-                let consumed = &driver.metrics().records_consumed;
-                consumed
-                    .with_label_values(&[input.topic, partition.as_str()])
+                self.counters
+                    .consumed(driver.metrics(), input.topic, input.partition)
                     .inc();
                 Ok(())
             }
