@@ -1,0 +1,350 @@
+//! The benchmark's own tool (see bench/README.md): preload input, generate open-loop load,
+//! check the output's latency and sequence, and time a drain through the consumer group's
+//! committed offsets while reading the system under test's CPU and memory from /proc.
+//!
+//! Every command prints one JSON object on stdout.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::{Parser, Subcommand};
+use hdrhistogram::Histogram;
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::types::RDKafkaErrorCode;
+use serde_json::json;
+
+#[derive(Parser)]
+struct Cli {
+    /// Kafka bootstrap servers.
+    #[arg(long, global = true, default_value = "127.0.0.1:9092")]
+    bootstrap: String,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Write `count` JSON records of about `size` bytes, as fast as the broker takes them.
+    Preload {
+        #[arg(long)]
+        topic: String,
+        #[arg(long)]
+        count: u64,
+        #[arg(long)]
+        size: usize,
+    },
+    /// Write records at `rate` per second for `seconds`, open loop (the schedule never waits
+    /// for the system under test).
+    Generate {
+        #[arg(long)]
+        topic: String,
+        #[arg(long)]
+        rate: u64,
+        #[arg(long)]
+        seconds: u64,
+        #[arg(long, default_value_t = 100)]
+        size: usize,
+    },
+    /// Read the output (read_committed) until `idle` passes without a record; report the
+    /// latency of records sent after the warm-up, and gaps and duplicates of `seq`.
+    Check {
+        #[arg(long)]
+        topic: String,
+        #[arg(long)]
+        warmup_seconds: u64,
+        #[arg(long, default_value_t = 10)]
+        idle_seconds: u64,
+        #[arg(long, default_value_t = 600)]
+        timeout_seconds: u64,
+    },
+    /// Wait until `group` has committed the end of `topic`; time it from the first commit and
+    /// read the CPU time and peak RSS of `pid` at the first commit and at the end.
+    Drain {
+        #[arg(long)]
+        topic: String,
+        #[arg(long)]
+        group: String,
+        #[arg(long)]
+        pid: u32,
+        #[arg(long, default_value_t = 900)]
+        timeout_seconds: u64,
+    },
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+/// `{"seq":…,"ts":<ms>,"us":<µs>,"user":…,"amount":…,"drop":"…"}`, padded to about `size`.
+fn record(seq: u64, size: usize) -> Vec<u8> {
+    let us = now_us();
+    let head = format!(
+        r#"{{"seq":{seq},"ts":{},"us":{us},"user":"u{}","amount":{}.{:02},"drop":""#,
+        us / 1000,
+        seq % 1000,
+        seq % 500,
+        seq % 100
+    );
+    let pad = size.saturating_sub(head.len() + 2).max(1);
+    let mut v = Vec::with_capacity(head.len() + pad + 2);
+    v.extend_from_slice(head.as_bytes());
+    v.extend(std::iter::repeat_n(b'x', pad));
+    v.extend_from_slice(b"\"}");
+    v
+}
+
+fn producer(bootstrap: &str) -> ThreadedProducer<rdkafka::producer::DefaultProducerContext> {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .set("batch.size", "262144")
+        .set("compression.type", "none")
+        .set("queue.buffering.max.kbytes", "262144")
+        .create()
+        .expect("producer")
+}
+
+fn send(
+    p: &ThreadedProducer<rdkafka::producer::DefaultProducerContext>,
+    topic: &str,
+    seq: u64,
+    value: &[u8],
+) {
+    let key = format!("k{seq}");
+    let mut rec = BaseRecord::to(topic).key(key.as_bytes()).payload(value);
+    loop {
+        match p.send(rec) {
+            Ok(()) => return,
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                rec = r;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err((e, _)) => panic!("produce: {e}"),
+        }
+    }
+}
+
+fn preload(bootstrap: &str, topic: &str, count: u64, size: usize) {
+    let p = producer(bootstrap);
+    let started = Instant::now();
+    for seq in 0..count {
+        send(&p, topic, seq, &record(seq, size));
+    }
+    p.flush(Duration::from_secs(300)).expect("flush");
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "{}",
+        json!({"records": count, "bytes_per_record": record(0, size).len(), "seconds": secs})
+    );
+}
+
+fn generate(bootstrap: &str, topic: &str, rate: u64, seconds: u64, size: usize) {
+    let p = producer(bootstrap);
+    let started = Instant::now();
+    let end = Duration::from_secs(seconds);
+    let mut sent = 0u64;
+    let mut behind_max = 0u64;
+    loop {
+        let elapsed = started.elapsed();
+        if elapsed >= end {
+            break;
+        }
+        // Open loop: the schedule says how many records should be out by now.
+        let due = (elapsed.as_secs_f64() * rate as f64) as u64;
+        behind_max = behind_max.max(due.saturating_sub(sent));
+        while sent < due {
+            send(&p, topic, sent, &record(sent, size));
+            sent += 1;
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    p.flush(Duration::from_secs(60)).expect("flush");
+    println!(
+        "{}",
+        json!({"sent": sent, "seconds": seconds, "rate": rate, "max_behind_schedule": behind_max})
+    );
+}
+
+fn consumer(bootstrap: &str, isolation: &str, group: Option<&str>) -> BaseConsumer {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap)
+        .set("isolation.level", isolation)
+        .set("enable.auto.commit", "false")
+        .set("group.id", group.unwrap_or("loadgen-reader"));
+    c.create().expect("consumer")
+}
+
+fn partitions(c: &BaseConsumer, topic: &str) -> Vec<i32> {
+    let md = c
+        .fetch_metadata(Some(topic), Duration::from_secs(30))
+        .expect("metadata");
+    md.topics()[0].partitions().iter().map(|p| p.id()).collect()
+}
+
+fn check(bootstrap: &str, topic: &str, warmup: u64, idle: u64, timeout: u64) {
+    let c = consumer(bootstrap, "read_committed", None);
+    let mut tpl = TopicPartitionList::new();
+    for p in partitions(&c, topic) {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
+    }
+    c.assign(&tpl).unwrap();
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).unwrap();
+    let mut seen: Vec<u8> = Vec::new();
+    let (mut first_us, mut records, mut duplicates) = (None::<u64>, 0u64, 0u64);
+    let started = Instant::now();
+    let mut last = Instant::now();
+    while last.elapsed() < Duration::from_secs(idle)
+        && started.elapsed() < Duration::from_secs(timeout)
+    {
+        let Some(m) = c.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        let m = m.expect("consume");
+        let now = now_us();
+        last = Instant::now();
+        let v: serde_json::Value = serde_json::from_slice(m.payload().unwrap_or_default())
+            .expect("output is the input's JSON");
+        let (seq, us) = (v["seq"].as_u64().unwrap(), v["us"].as_u64().unwrap());
+        records += 1;
+        let i = seq as usize;
+        if i >= seen.len() {
+            seen.resize(i + 1, 0);
+        }
+        if seen[i] > 0 {
+            duplicates += 1;
+        }
+        seen[i] = seen[i].saturating_add(1);
+        let t0 = *first_us.get_or_insert(us);
+        if us >= t0 + warmup * 1_000_000 {
+            hist.saturating_record(now.saturating_sub(us).max(1));
+        }
+    }
+    let missing = seen.iter().filter(|n| **n == 0).count();
+    let ms = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+    println!(
+        "{}",
+        json!({
+            "records": records, "distinct": seen.len() - missing, "max_seq": seen.len() as i64 - 1,
+            "duplicates": duplicates, "missing_below_max": missing,
+            "measured": hist.len(), "p50_ms": ms(0.5), "p99_ms": ms(0.99), "p999_ms": ms(0.999),
+            "max_ms": hist.max() as f64 / 1000.0,
+        })
+    );
+}
+
+/// utime + stime of `pid`, in seconds, and its peak RSS in kB.
+fn usage(pid: u32) -> Option<(f64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f[11].parse::<u64>().ok()? + f[12].parse::<u64>().ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let hwm = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    // CLK_TCK is 100 on Linux.
+    Some((ticks as f64 / 100.0, hwm))
+}
+
+fn drain(bootstrap: &str, topic: &str, group: &str, pid: u32, timeout: u64) {
+    let watcher = consumer(bootstrap, "read_uncommitted", None);
+    let ps = partitions(&watcher, topic);
+    let mut ends = BTreeMap::new();
+    for p in &ps {
+        let (_, high) = watcher
+            .fetch_watermarks(topic, *p, Duration::from_secs(30))
+            .expect("watermarks");
+        ends.insert(*p, high);
+    }
+    let end: i64 = ends.values().sum();
+    // Not a member: only reads the group's committed offsets (read_uncommitted, so a dead
+    // producer's pending offsets never block the query).
+    let group_reader = consumer(bootstrap, "read_uncommitted", Some(group));
+    let mut tpl = TopicPartitionList::new();
+    for p in &ps {
+        tpl.add_partition(topic, *p);
+    }
+    let started = Instant::now();
+    let mut first: Option<(Instant, i64, (f64, u64))> = None;
+    loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(timeout),
+            "drain of {group} timed out"
+        );
+        let committed: i64 =
+            match group_reader.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
+                Ok(c) => c
+                    .elements()
+                    .iter()
+                    .map(|e| match e.offset() {
+                        Offset::Offset(o) => o,
+                        _ => 0,
+                    })
+                    .sum(),
+                Err(_) => 0,
+            };
+        let now = Instant::now();
+        if committed > 0 && first.is_none() {
+            first = Some((now, committed, usage(pid).unwrap_or_default()));
+        }
+        if committed >= end {
+            let (t0, c0, (cpu0, _)) = first.unwrap();
+            let (cpu1, hwm) = usage(pid).unwrap_or_default();
+            let secs = now.duration_since(t0).as_secs_f64().max(0.001);
+            let records = (end - c0).max(1);
+            println!(
+                "{}",
+                json!({
+                    "records": end, "timed_records": records, "seconds": secs,
+                    "records_per_second": records as f64 / secs,
+                    "cpu_seconds": cpu1 - cpu0,
+                    "cpu_seconds_per_million": (cpu1 - cpu0) * 1e6 / records as f64,
+                    "peak_rss_kb": hwm,
+                })
+            );
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let b = &cli.bootstrap;
+    match cli.command {
+        Cmd::Preload { topic, count, size } => preload(b, &topic, count, size),
+        Cmd::Generate {
+            topic,
+            rate,
+            seconds,
+            size,
+        } => generate(b, &topic, rate, seconds, size),
+        Cmd::Check {
+            topic,
+            warmup_seconds,
+            idle_seconds,
+            timeout_seconds,
+        } => check(b, &topic, warmup_seconds, idle_seconds, timeout_seconds),
+        Cmd::Drain {
+            topic,
+            group,
+            pid,
+            timeout_seconds,
+        } => drain(b, &topic, &group, pid, timeout_seconds),
+    }
+}

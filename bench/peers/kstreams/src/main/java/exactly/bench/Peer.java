@@ -1,0 +1,96 @@
+package exactly.bench;
+
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.time.Instant;
+import java.util.Properties;
+import java.util.concurrent.CountDownLatch;
+import org.apache.kafka.clients.consumer.ConsumerConfig;
+import org.apache.kafka.clients.producer.ProducerConfig;
+import org.apache.kafka.common.serialization.Serdes;
+import org.apache.kafka.streams.KafkaStreams;
+import org.apache.kafka.streams.StreamsBuilder;
+import org.apache.kafka.streams.StreamsConfig;
+import org.apache.kafka.streams.kstream.Consumed;
+import org.apache.kafka.streams.kstream.KStream;
+import org.apache.kafka.streams.kstream.Produced;
+
+/**
+ * The benchmark's Kafka Streams peer: input to output through the same transforms as exactly.
+ *
+ * <p>Arguments: bootstrap input output application-id guarantee commit-interval-ms transform,
+ * where guarantee is exactly_once_v2 or at_least_once and transform is passthrough or enrich
+ * (parse the millisecond "ts", add "dt" (ISO-8601) and "hr" (hour of day), drop "drop": what
+ * exactly's jq program `.dt = (.ts / 1000 | todate) | .hr = (.ts / 3600000 | floor % 24) |
+ * del(.drop)` does). Producer settings come from the environment as exactly's do, so both
+ * systems run with the same ones.
+ */
+public final class Peer {
+  private static final ObjectMapper JSON = new ObjectMapper();
+
+  private Peer() {}
+
+  static byte[] enrich(byte[] value) {
+    try {
+      ObjectNode o = (ObjectNode) JSON.readTree(value);
+      long ts = o.get("ts").asLong();
+      String dt = Instant.ofEpochMilli(ts - ts % 1000).toString();
+      o.put("dt", dt);
+      o.put("hr", (ts / 3_600_000L) % 24);
+      o.remove("drop");
+      return JSON.writeValueAsBytes(o);
+    } catch (Exception e) {
+      throw new IllegalArgumentException("not the benchmark's JSON", e);
+    }
+  }
+
+  public static void main(String[] args) throws Exception {
+    if (args.length != 7) {
+      System.err.println(
+          "usage: Peer bootstrap input output application-id guarantee commit-interval-ms"
+              + " passthrough|enrich");
+      System.exit(2);
+    }
+    Properties p = new Properties();
+    p.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, args[0]);
+    p.put(StreamsConfig.APPLICATION_ID_CONFIG, args[3]);
+    p.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, args[4]);
+    p.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, Long.parseLong(args[5]));
+    p.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, 1);
+    p.put(StreamsConfig.STATE_DIR_CONFIG, System.getProperty("java.io.tmpdir") + "/kstreams-" + args[3]);
+    p.put(StreamsConfig.consumerPrefix(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG), "earliest");
+    // The benchmark's producer settings, identical for every system.
+    p.put(StreamsConfig.producerPrefix(ProducerConfig.LINGER_MS_CONFIG), env("BENCH_LINGER_MS"));
+    p.put(StreamsConfig.producerPrefix(ProducerConfig.BATCH_SIZE_CONFIG), env("BENCH_BATCH_SIZE"));
+    p.put(StreamsConfig.producerPrefix(ProducerConfig.ACKS_CONFIG), "all");
+    p.put(
+        StreamsConfig.producerPrefix(ProducerConfig.COMPRESSION_TYPE_CONFIG),
+        env("BENCH_COMPRESSION"));
+
+    StreamsBuilder b = new StreamsBuilder();
+    KStream<byte[], byte[]> in =
+        b.stream(args[1], Consumed.with(Serdes.ByteArray(), Serdes.ByteArray()));
+    KStream<byte[], byte[]> out = args[6].equals("enrich") ? in.mapValues(Peer::enrich) : in;
+    out.to(args[2], Produced.with(Serdes.ByteArray(), Serdes.ByteArray()));
+
+    KafkaStreams streams = new KafkaStreams(b.build(), p);
+    CountDownLatch done = new CountDownLatch(1);
+    Runtime.getRuntime()
+        .addShutdownHook(
+            new Thread(
+                () -> {
+                  streams.close();
+                  done.countDown();
+                }));
+    streams.start();
+    done.await();
+  }
+
+  private static String env(String name) {
+    String v = System.getenv(name);
+    if (v == null) {
+      throw new IllegalStateException(name + " is not set");
+    }
+    return v;
+  }
+}

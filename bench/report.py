@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Turns bench/run.sh results (JSON lines) into tables, ratios and a chart.
+
+  bench/report.py --check RESULTS     fail unless every system drained and the latency checks
+                                      saw no gap (and no duplicate under exactly-once)
+  bench/report.py RESULTS [--chart PNG]
+                                      print the Markdown tables and ratios; draw the chart
+                                      (matplotlib) when asked
+"""
+
+import argparse
+import json
+import sys
+
+NAMES = {
+    "kafka-producer-perf": "Kafka producer perf tool (ceiling, produce only)",
+    "kafka-consumer-perf": "Kafka consumer perf tool (ceiling, consume only)",
+    "exactly-alo": "exactly --guarantee at-least-once",
+    "exactly-eos-10": "exactly exactly-once, commit 10 ms",
+    "exactly-eos-100": "exactly exactly-once, commit 100 ms",
+    "exactly-eos-1000": "exactly exactly-once, commit 1000 ms",
+    "kstreams-alo": "Kafka Streams at_least_once, commit 100 ms",
+    "kstreams-eos-100": "Kafka Streams exactly_once_v2, commit 100 ms",
+}
+
+
+def load(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def bucket_quantile(buckets, q):
+    """Upper bound of the histogram bucket holding quantile q: [(le, cumulative count)]."""
+    buckets = sorted(buckets)
+    total = buckets[-1][1] if buckets else 0
+    for le, count in buckets:
+        if total and count >= q * total:
+            return le
+    return None
+
+
+def commit_p99(metrics_text):
+    buckets = []
+    for line in metrics_text.splitlines():
+        if line.startswith("exactly_transaction_commit_duration_seconds_bucket"):
+            le = line.split('le="')[1].split('"')[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.split()[-1])))
+    return bucket_quantile(buckets, 0.99)
+
+
+def check(rows):
+    problems = []
+    drains = [r for r in rows if r["kind"] == "drain"]
+    if not drains:
+        problems.append("no drain results")
+    for r in drains:
+        if r["result"].get("records_per_second", 0) <= 0:
+            problems.append(f"drain {r['system']} {r['size']} {r['transform']}: no throughput")
+    lat = [r for r in rows if r["kind"] == "latency"]
+    if not lat:
+        problems.append("no latency results")
+    for r in lat:
+        c, g = r["result"]["checker"], r["result"]["generator"]
+        if c["distinct"] != g["sent"] or c["missing_below_max"] != 0:
+            problems.append(f"latency {r['system']}: sent {g['sent']}, distinct {c['distinct']}, missing {c['missing_below_max']}")
+        if "eos" in r["system"] and c["duplicates"] != 0:
+            problems.append(f"latency {r['system']}: {c['duplicates']} duplicates under exactly-once")
+        if c["measured"] == 0:
+            problems.append(f"latency {r['system']}: nothing measured after the warm-up")
+    for p in problems:
+        print("report.py:", p, file=sys.stderr)
+    return not problems
+
+
+def drain_table(rows, size):
+    out = [
+        f"| system | transform | records/s | MB/s | CPU s per 1M records | peak RSS MB | commit p99 |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    bpr = next((r["result"]["bytes_per_record"] for r in rows if r["kind"] == "preload" and r["size"] == size), int(size))
+    for r in rows:
+        if r["size"] != size or r["kind"] not in ("drain", "ceiling"):
+            continue
+        res = r["result"]
+        rps = res["records_per_second"]
+        cpu = res.get("cpu_seconds_per_million")
+        rss = res.get("peak_rss_kb")
+        p99 = commit_p99(res.get("metrics", "")) if res.get("metrics") else None
+        out.append(
+            f"| {NAMES.get(r['system'], r['system'])} | {r['transform']} | {rps:,.0f} | {rps * bpr / 1e6:,.1f} | "
+            + (f"{cpu:,.1f}" if cpu is not None else "–")
+            + " | "
+            + (f"{rss / 1024:,.0f}" if rss else "–")
+            + " | "
+            + (f"≤ {p99 * 1000:g} ms" if p99 is not None else "–")
+            + " |"
+        )
+    return "\n".join(out)
+
+
+def drain(rows, system, size, transform):
+    for r in rows:
+        if r["kind"] == "drain" and (r["system"], r["size"], r["transform"]) == (system, size, transform):
+            return r["result"]
+    return None
+
+
+def ratios(rows):
+    lines = []
+    for size, label in (("100", "~100 B"), ("1000", "~1 KB")):
+        for t in ("passthrough", "jq"):
+            eos, alo, ks = (drain(rows, s, size, t) for s in ("exactly-eos-100", "exactly-alo", "kstreams-eos-100"))
+            if not (eos and alo and ks):
+                continue
+            lines.append(
+                f"| {label} | {t} | {eos['records_per_second'] / alo['records_per_second']:.2f} | "
+                f"{eos['records_per_second'] / ks['records_per_second']:.2f} | "
+                f"{eos['cpu_seconds_per_million'] / ks['cpu_seconds_per_million']:.2f} | "
+                f"{eos['peak_rss_kb'] / ks['peak_rss_kb']:.3f} |"
+            )
+    head = [
+        "| record size | transform | exactly-once ÷ at-least-once (throughput) | exactly ÷ Kafka Streams EOS v2 (throughput) | CPU per record (exactly ÷ KS) | peak RSS (exactly ÷ KS) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    return "\n".join(head + lines)
+
+
+def latency_table(rows):
+    out = [
+        "| system | load | rate (records/s) | p50 ms | p99 ms | p99.9 ms | max ms | measured | gaps | duplicates |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        if r["kind"] != "latency":
+            continue
+        res, c = r["result"], r["result"]["checker"]
+        out.append(
+            f"| {NAMES.get(r['system'], r['system'])} | {res['load_percent']} % | {res['rate']:,} | {c['p50_ms']:.1f} | "
+            f"{c['p99_ms']:.1f} | {c['p999_ms']:.1f} | {c['max_ms']:.1f} | {c['measured']:,} | "
+            f"{c['missing_below_max']} | {c['duplicates']} |"
+        )
+    return "\n".join(out)
+
+
+def chart(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = ["exactly-alo", "exactly-eos-10", "exactly-eos-100", "exactly-eos-1000", "kstreams-alo", "kstreams-eos-100"]
+    short = ["exactly\nALO", "exactly\nEOS 10ms", "exactly\nEOS 100ms", "exactly\nEOS 1s", "KStreams\nALO", "KStreams\nEOS v2"]
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5))
+    for ax, size, label in ((axes[0], "100", "~100 B records"), (axes[1], "1000", "~1 KB records")):
+        width = 0.38
+        for i, t in enumerate(("passthrough", "jq")):
+            vals = [(drain(rows, s, size, t) or {}).get("records_per_second", 0) / 1000 for s in systems]
+            ax.bar([x + (i - 0.5) * width for x in range(len(systems))], vals, width, label=t)
+        ax.set_xticks(range(len(systems)), short, fontsize=8)
+        ax.set_ylabel("thousand records/s (drain)")
+        ax.set_title(f"Throughput, {label}")
+        ax.legend()
+    ax = axes[2]
+    lat = [r for r in rows if r["kind"] == "latency"]
+    for system in ("exactly-alo", "exactly-eos-100", "kstreams-eos-100"):
+        pts = sorted((r["result"]["load_percent"], r["result"]["checker"]) for r in lat if r["system"] == system)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1]["p99_ms"] for p in pts], marker="o", label=f"{NAMES[system]} p99")
+            ax.plot([p[0] for p in pts], [p[1]["p50_ms"] for p in pts], marker=".", linestyle="--", label=f"{NAMES[system]} p50")
+    ax.set_yscale("log")
+    ax.set_xlabel("load, % of at-least-once maximum")
+    ax.set_ylabel("end-to-end latency, ms")
+    ax.set_title("Latency (~100 B, passthrough)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("results")
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--chart")
+    a = ap.parse_args()
+    rows = load(a.results)
+    if a.check:
+        sys.exit(0 if check(rows) else 1)
+    print("### Drain throughput, ~100 B\n")
+    print(drain_table(rows, "100"))
+    print("\n### Drain throughput, ~1 KB\n")
+    print(drain_table(rows, "1000"))
+    print("\n### Ratios at a 100 ms commit interval\n")
+    print(ratios(rows))
+    print("\n### End-to-end latency (~100 B, passthrough, open-loop load)\n")
+    print(latency_table(rows))
+    if a.chart:
+        chart(rows, a.chart)
+
+
+if __name__ == "__main__":
+    main()

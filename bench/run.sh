@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# The benchmark, side by side on one broker in one run (see bench/README.md):
+#
+#   bench/run.sh            full profile: 2,000,000 × ~100 B and 500,000 × ~1 KB drains,
+#                           latency at 25/50/75 % load (15 s warm-up, 60 s measured); ~40 min
+#   bench/run.sh smoke      the same steps on tiny inputs (CI runs it so the harness works)
+#
+# Systems: Kafka's own perf tools (ceiling), exactly --guarantee at-least-once, exactly
+# exactly-once at commit intervals 10/100/1000 ms, Kafka Streams (bench/peers/kstreams) with
+# exactly_once_v2 and at_least_once. Results: one JSON object per line in
+# bench/results/<profile>.jsonl; bench/report.py turns the full one into BENCHMARKS.md.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+repo=$PWD
+
+profile=${1:-full}
+case "$profile" in
+  full)
+    small=2000000 large=500000 warmup=15 measure=60 intervals="10 100 1000" loads="25 50 75" ;;
+  smoke)
+    small=20000 large=5000 warmup=2 measure=4 intervals="100" loads="50" ;;
+  *) echo "usage: bench/run.sh [full|smoke]" >&2; exit 2 ;;
+esac
+partitions=6
+# Identical producer settings for every system under test.
+export BENCH_LINGER_MS=5 BENCH_BATCH_SIZE=262144 BENCH_COMPRESSION=none
+producer_props="linger.ms=$BENCH_LINGER_MS batch.size=$BENCH_BATCH_SIZE acks=all compression.type=$BENCH_COMPRESSION"
+jq_program='.dt = (.ts / 1000 | todate) | .hr = (.ts / 3600000 | floor % 24) | del(.drop)'
+
+mkdir -p bench/results
+out="bench/results/$profile.jsonl"
+: >"$out"
+log() { echo "bench: $*" >&2; }
+
+# Its own broker, so a test broker's topics do not share the disk and page cache.
+export EXACTLY_KAFKA_DIR="$repo/.kafka-bench"
+scripts/kafka.sh reset >/dev/null 2>&1 || true
+scripts/kafka.sh start
+stop() { scripts/kafka.sh stop || true; }
+trap stop EXIT
+bootstrap=$(scripts/kafka.sh bootstrap)
+
+log "building exactly and loadgen (release) and the Kafka Streams peer (Maven)"
+cargo build -q --release -p exactly -p loadgen
+mvn -q -B -f bench/peers/kstreams/pom.xml package -DskipTests
+exactly_bin="$repo/target/release/exactly"
+loadgen=("$repo/target/release/loadgen" --bootstrap "$bootstrap")
+peer_cp="$repo/bench/peers/kstreams/target/classes:$repo/bench/peers/kstreams/target/lib/*"
+
+kafka_tool() { scripts/kafka.sh tool "$@"; }
+topic() { # name partitions
+  kafka_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$bootstrap" --create \
+    --topic "$1" --partitions "$2" --replication-factor 1 >/dev/null
+}
+drop_topic() {
+  kafka_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$bootstrap" --delete \
+    --topic "$1" >/dev/null 2>&1 || true
+}
+record() { # kind system size transform json
+  printf '{"kind":"%s","system":"%s","size":"%s","transform":"%s","result":%s}\n' \
+    "$1" "$2" "$3" "$4" "$5" >>"$out"
+}
+
+metrics_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+# exactly's /metrics, added to a drain's result (the commit-duration histogram).
+with_metrics() { # result-json
+  python3 - "$1" "$metrics_port" <<'PY'
+import json, sys, urllib.request
+r = json.loads(sys.argv[1])
+try:
+    r["metrics"] = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[2]}/metrics", timeout=5).read().decode()
+except OSError:
+    pass
+print(json.dumps(r))
+PY
+}
+
+# Starts a system under test in the background; sets $pid.
+start_system() { # system transform input output group
+  local system=$1 transform=$2 input=$3 output=$4 group=$5
+  case "$system" in
+    exactly-alo|exactly-eos-*)
+      local args=(run --bootstrap-servers "$bootstrap" --input-topics "$input" --output-topic "$output"
+        --group-id "$group" --instance-id "$group" --on-error skip --log-level warn
+        --http-addr "127.0.0.1:$metrics_port"
+        --producer-config "linger.ms=$BENCH_LINGER_MS" --producer-config "batch.size=$BENCH_BATCH_SIZE"
+        --producer-config "compression.type=$BENCH_COMPRESSION")
+      if [ "$system" = exactly-alo ]; then
+        args+=(--guarantee at-least-once --commit-interval 100ms)
+      else
+        args+=(--commit-interval "${system#exactly-eos-}ms")
+      fi
+      if [ "$transform" = jq ]; then args+=(--jq "$jq_program"); fi
+      "$exactly_bin" "${args[@]}" 2>>"$EXACTLY_KAFKA_DIR/sut.log" &
+      pid=$!
+      ;;
+    kstreams-eos-*|kstreams-alo)
+      local guarantee=exactly_once_v2 interval=${system#kstreams-eos-}
+      if [ "$system" = kstreams-alo ]; then guarantee=at_least_once interval=100; fi
+      local t=passthrough
+      if [ "$transform" = jq ]; then t=enrich; fi
+      java -Xmx1g -cp "$peer_cp" exactly.bench.Peer "$bootstrap" "$input" "$output" "$group" \
+        "$guarantee" "$interval" "$t" 2>>"$EXACTLY_KAFKA_DIR/sut.log" &
+      pid=$!
+      ;;
+  esac
+}
+
+stop_system() {
+  kill -TERM "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+
+drain_systems="exactly-alo"
+for i in $intervals; do drain_systems+=" exactly-eos-$i"; done
+drain_systems+=" kstreams-alo kstreams-eos-100"
+run_id=0
+
+for size in 100 1000; do
+  count=$small
+  if [ "$size" = 1000 ]; then count=$large; fi
+  input="in-$size"
+  topic "$input" "$partitions"
+  log "preloading $count records of ~$size B into $input"
+  preload=$("${loadgen[@]}" preload --topic "$input" --count "$count" --size "$size")
+  record preload loadgen "$size" none "$preload"
+
+  log "ceiling: Kafka's producer and consumer perf tools"
+  perf_topic="perf-$size"
+  topic "$perf_topic" "$partitions"
+  # shellcheck disable=SC2086
+  p=$(kafka_tool org.apache.kafka.tools.ProducerPerformance --topic "$perf_topic" \
+    --num-records "$count" --record-size "$size" --throughput -1 \
+    --producer-props bootstrap.servers="$bootstrap" $producer_props | tail -1)
+  rps=$(sed -n 's/.*records sent, \([0-9.]*\) records\/sec.*/\1/p' <<<"$p")
+  record ceiling kafka-producer-perf "$size" none "{\"records_per_second\":${rps:-0}}"
+  c=$(kafka_tool org.apache.kafka.tools.ConsumerPerformance --bootstrap-server "$bootstrap" \
+    --topic "$input" --messages "$count" --timeout 60000 | tail -1)
+  rps=$(awk -F', *' '{print $6}' <<<"$c")
+  record ceiling kafka-consumer-perf "$size" none "{\"records_per_second\":${rps:-0}}"
+  drop_topic "$perf_topic"
+
+  for transform in passthrough jq; do
+    for system in $drain_systems; do
+      run_id=$((run_id + 1))
+      output="out-$run_id" group="bench-$run_id"
+      topic "$output" "$partitions"
+      log "drain: $system, $transform, ~$size B × $count"
+      start_system "$system" "$transform" "$input" "$output" "$group"
+      result=$("${loadgen[@]}" drain --topic "$input" --group "$group" --pid "$pid")
+      case "$system" in exactly-*) result=$(with_metrics "$result") ;; esac
+      stop_system
+      record drain "$system" "$size" "$transform" "$result"
+      log "  $(cut -c1-200 <<<"$result")"
+      drop_topic "$output"
+    done
+  done
+  drop_topic "$input"
+done
+
+# Latency at fractions of at-least-once's passthrough maximum at ~100 B.
+max=$(python3 -c '
+import json, sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    if r["kind"] == "drain" and r["system"] == "exactly-alo" and r["size"] == "100" and r["transform"] == "passthrough":
+        print(int(r["result"]["records_per_second"]))' "$out")
+for load in $loads; do
+  rate=$((max * load / 100))
+  for system in exactly-alo exactly-eos-100 kstreams-eos-100; do
+    run_id=$((run_id + 1))
+    input="lat-in-$run_id" output="lat-out-$run_id" group="bench-$run_id"
+    topic "$input" "$partitions"
+    topic "$output" "$partitions"
+    start_system "$system" passthrough "$input" "$output" "$group"
+    sleep 8 # join the group before the clock starts
+    "${loadgen[@]}" check --topic "$output" --warmup-seconds "$warmup" --idle-seconds 10 \
+      >"$EXACTLY_KAFKA_DIR/check.json" &
+    checker=$!
+    log "latency: $system at $load % of $max/s = $rate/s for $((warmup + measure)) s"
+    gen=$("${loadgen[@]}" generate --topic "$input" --rate "$rate" --seconds $((warmup + measure)))
+    wait "$checker"
+    stop_system
+    check=$(cat "$EXACTLY_KAFKA_DIR/check.json")
+    record latency "$system" 100 passthrough \
+      "{\"load_percent\":$load,\"rate\":$rate,\"generator\":$gen,\"checker\":$check}"
+    log "  $check"
+    drop_topic "$input"
+    drop_topic "$output"
+  done
+done
+
+log "results in $out"
+python3 bench/report.py --check "$out"
