@@ -554,6 +554,14 @@ impl TxnDriver {
             }
         }
 
+        {
+            // commit_transaction flushes too, but through rust-rdkafka's slow flush; after this
+            // one it finds nothing left. A failure here shows again in commit_transaction.
+            let _g = self.health.in_call("flush");
+            if let Err(e) = flush(&self.producer, self.timeout()) {
+                debug!(error = %e, "flush before commit");
+            }
+        }
         let mut tries = 0;
         loop {
             let result = {
@@ -601,9 +609,9 @@ impl TxnDriver {
     ) -> Result<Outcome, Error> {
         let flushed = {
             let _g = self.health.in_call("flush");
-            self.producer.flush(self.timeout())
+            flush(&self.producer, self.timeout())
         };
-        // flush returns once the queue is empty; the last delivery callbacks may still run.
+        // Delivery callbacks run on the producer's thread; wait for the last ones to finish.
         let ctx = self.producer.context();
         let settle = Instant::now() + Duration::from_secs(1);
         while ctx.pending.load(Ordering::SeqCst) > 0 && Instant::now() < settle {
@@ -832,6 +840,25 @@ fn create_and_init(
         producer.init_transactions(timeout)?;
     }
     Ok(producer)
+}
+
+/// librdkafka's flush, waiting up to `timeout` for every outstanding delivery.
+///
+/// rust-rdkafka's `flush` (which its `commit_transaction` calls first) polls the producer's
+/// event queue in steps of up to 100 ms, but a `ThreadedProducer`'s own thread takes those
+/// events first, so every flush slept up to 100 ms after the last delivery: commits took
+/// 65-100 ms and the loop stood still meanwhile (BENCHMARKS.md, "Profile"). With delivery
+/// reports as events, librdkafka's flush waits on the count of outstanding messages instead.
+fn flush(producer: &TxnProducer, timeout: Duration) -> Result<(), KafkaError> {
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: the handle is alive for the call (borrowed from the producer); rd_kafka_flush is
+    // thread-safe.
+    let err = unsafe { rdkafka_sys::rd_kafka_flush(producer.client().native_ptr(), ms) };
+    if err == rdkafka_sys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+        Ok(())
+    } else {
+        Err(KafkaError::Flush(err.into()))
+    }
 }
 
 fn unrecoverable(context: &str, source: KafkaError) -> Error {
