@@ -39,13 +39,18 @@ def bucket_quantile(buckets, q):
     return None
 
 
-def commit_p99(metrics_text):
-    buckets = []
+def commit_stats(metrics_text):
+    """(mean, p99 bucket bound) of exactly's commit durations, in seconds."""
+    buckets, total, count = [], 0.0, 0.0
     for line in metrics_text.splitlines():
+        if line.startswith("exactly_transaction_commit_duration_seconds_sum "):
+            total = float(line.split()[-1])
+        if line.startswith("exactly_transaction_commit_duration_seconds_count "):
+            count = float(line.split()[-1])
         if line.startswith("exactly_transaction_commit_duration_seconds_bucket"):
             le = line.split('le="')[1].split('"')[0]
             buckets.append((float("inf") if le == "+Inf" else float(le), float(line.split()[-1])))
-    return bucket_quantile(buckets, 0.99)
+    return (total / count if count else None), bucket_quantile(buckets, 0.99)
 
 
 def check(rows):
@@ -74,8 +79,8 @@ def check(rows):
 
 def drain_table(rows, size):
     out = [
-        f"| system | transform | records/s | MB/s | CPU s per 1M records | peak RSS MB | commit p99 |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        f"| system | transform | records/s | MB/s | CPU s per 1M records | peak RSS MB | commits | commit mean | commit p99 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     bpr = next((r["result"]["bytes_per_record"] for r in rows if r["kind"] == "preload" and r["size"] == size), int(size))
     for r in rows:
@@ -85,12 +90,20 @@ def drain_table(rows, size):
         rps = res["records_per_second"]
         cpu = res.get("cpu_seconds_per_million")
         rss = res.get("peak_rss_kb")
-        p99 = commit_p99(res.get("metrics", "")) if res.get("metrics") else None
+        mean, p99 = commit_stats(res["metrics"]) if res.get("metrics") else (None, None)
+        commits = None
+        for line in res.get("metrics", "").splitlines():
+            if line.startswith("exactly_transaction_commit_duration_seconds_count "):
+                commits = int(float(line.split()[-1]))
         out.append(
             f"| {NAMES.get(r['system'], r['system'])} | {r['transform']} | {rps:,.0f} | {rps * bpr / 1e6:,.1f} | "
             + (f"{cpu:,.1f}" if cpu is not None else "–")
             + " | "
             + (f"{rss / 1024:,.0f}" if rss else "–")
+            + " | "
+            + (f"{commits:,}" if commits is not None else "–")
+            + " | "
+            + (f"{mean * 1000:.1f} ms" if mean is not None else "–")
             + " | "
             + (f"≤ {p99 * 1000:g} ms" if p99 is not None else "–")
             + " |"
