@@ -31,17 +31,8 @@ fn get(addr: &str, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
-fn http_addr(ex: &Exactly) -> String {
-    ex.wait_log("the HTTP endpoints", Duration::from_secs(30), |e| {
-        !e.events("HTTP endpoints listening (/metrics /livez /readyz)")
-            .is_empty()
-    });
-    let e = &ex.events("HTTP endpoints listening (/metrics /livez /readyz)")[0];
-    e["addr"].as_str().unwrap().to_string()
-}
-
-/// Sum of a metric's samples whose labels contain every `label=value` given.
-fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+/// The values of a metric's samples whose labels contain every `label=value` given.
+fn samples(text: &str, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| l.rsplit_once(' '))
@@ -53,24 +44,17 @@ fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
                     .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
         })
         .map(|(_, v)| v.parse::<f64>().unwrap())
-        .sum()
+        .collect()
 }
 
-/// The value of one series: every `label=value` given must match, and exactly one series.
+/// Sum of a metric's matching samples.
+fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples(text, name, labels).iter().sum()
+}
+
+/// The value of one series: at most one may match.
 fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let found: Vec<f64> = text
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.rsplit_once(' '))
-        .filter(|(series, _)| {
-            let (n, rest) = series.split_once('{').unwrap_or((series, ""));
-            n == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
-        })
-        .map(|(_, v)| v.parse::<f64>().unwrap())
-        .collect();
+    let found = samples(text, name, labels);
     assert!(found.len() <= 1, "{name} {labels:?}: {found:?}");
     found.first().copied()
 }

@@ -21,17 +21,6 @@ use serde_json::{Value, json};
 /// How the dashboard's Grafana variables are filled in for Prometheus.
 const RATE_INTERVAL: &str = "15s";
 
-fn http_addr(ex: &Exactly) -> String {
-    let listening = "HTTP endpoints listening (/metrics /livez /readyz)";
-    ex.wait_log("the HTTP endpoints", Duration::from_secs(30), |e| {
-        !e.events(listening).is_empty()
-    });
-    ex.events(listening)[0]["addr"]
-        .as_str()
-        .unwrap()
-        .to_string()
-}
-
 fn get_text(url: &str) -> String {
     ureq::get(url)
         .call()

@@ -800,3 +800,16 @@ pub fn tool(name: &str) -> Command {
     );
     Command::new(name)
 }
+
+/// The address of a running exactly's HTTP endpoints (started with --http-addr 127.0.0.1:0).
+#[allow(dead_code)]
+pub fn http_addr(ex: &Exactly) -> String {
+    let listening = "HTTP endpoints listening (/metrics /livez /readyz)";
+    ex.wait_log("the HTTP endpoints", Duration::from_secs(30), |e| {
+        !e.events(listening).is_empty()
+    });
+    ex.events(listening)[0]["addr"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
