@@ -93,7 +93,7 @@ pub fn run(
                 .abort_now(Reason::ShutdownOnError);
         }
         drop(pipeline);
-        close(consumer, close_by, true);
+        close_bounded(consumer, close_by);
         info!("exactly stopped");
         return result;
     }
@@ -121,6 +121,32 @@ fn close(consumer: PipelineConsumer, deadline: Instant, exiting: bool) {
         std::mem::forget(consumer);
     } else {
         drop(consumer);
+    }
+}
+
+/// The final close, bounded by `deadline` even when one librdkafka call inside it blocks (a
+/// CI storm run once saw the close stop inside the revoke callback for the whole grace, after
+/// the final commit had settled everything): it runs on a thread of its own, which the
+/// process's exit ends if it is still waiting. Leaving the group is a courtesy; the group
+/// times a member out anyway.
+fn close_bounded(consumer: PipelineConsumer, deadline: Instant) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("exactly-close".into())
+        .spawn(move || {
+            close(consumer, deadline, true);
+            let _ = tx.send(());
+        });
+    match spawned {
+        Ok(_) => {
+            let left = deadline.saturating_duration_since(Instant::now()) + MAX_POLL;
+            if rx.recv_timeout(left).is_err() {
+                warn!("the consumer did not close in time; the group will time it out");
+            }
+        }
+        Err(e) => {
+            warn!(error = %e, "cannot start the close thread; the group will time the consumer out")
+        }
     }
 }
 
