@@ -6,6 +6,7 @@
 
 use rdkafka::message::{Header, OwnedHeaders};
 
+use crate::raw_headers;
 use crate::transform::{InputRecord, OutputHeaders, TransformError};
 
 /// Source topic, partition, offset and output index of a record.
@@ -103,20 +104,40 @@ pub fn dlq(input: &InputRecord<'_>, err: &TransformError, lineage: Option<&str>)
     h
 }
 
+/// The input's headers, names as bytes, without an upstream lineage header.
 fn copy_input(input: &InputRecord<'_>) -> OwnedHeaders {
     let mut h = OwnedHeaders::new_with_capacity(input.headers.len() + 1);
-    for (key, value) in input.headers.iter().filter(|(k, _)| *k != LINEAGE) {
-        h = h.insert(Header { key, value: *value });
+    for (name, value) in input
+        .headers
+        .iter()
+        .filter(|(n, _)| *n != LINEAGE.as_bytes())
+    {
+        h = raw_headers::add(h, name, *value);
     }
     h
 }
 
-/// Bytes that headers add to a record, as librdkafka counts them against message.max.bytes.
+/// Bytes that headers add to a record, as librdkafka counts them against message.max.bytes:
+/// per header, the name and value with a zigzag-varint length each (a missing value counts as
+/// length 0), as `rd_kafka_header_add` adds them up.
 pub fn size(h: &OwnedHeaders) -> usize {
-    use rdkafka::message::Headers;
-    h.iter()
-        .map(|x| x.key.len() + x.value.map_or(0, <[u8]>::len))
+    raw_headers::iter(h.as_borrowed())
+        .map(|(name, value)| {
+            let v = value.map_or(0, <[u8]>::len);
+            name.len() + v + varint_len(name.len()) + varint_len(v)
+        })
         .sum()
+}
+
+/// Length of `n` as a zigzag varint, as the record format writes lengths.
+pub(crate) fn varint_len(n: usize) -> usize {
+    let mut v = (n as u64) << 1;
+    let mut len = 1;
+    while v > 0x7f {
+        v >>= 7;
+        len += 1;
+    }
+    len
 }
 
 #[cfg(test)]
@@ -133,7 +154,10 @@ mod tests {
             timestamp: None,
             key: None,
             value: Some(b"x"),
-            headers: vec![("trace", Some(b"abc")), (LINEAGE, Some(b"up/0/1/0"))],
+            headers: vec![
+                (b"trace", Some(b"abc")),
+                (LINEAGE.as_bytes(), Some(b"up/0/1/0")),
+            ],
         }
     }
 

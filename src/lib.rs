@@ -40,6 +40,7 @@ pub mod kafka;
 pub mod lag;
 pub mod metrics;
 pub mod pipeline;
+pub mod raw_headers;
 pub mod records;
 pub mod telemetry;
 pub mod transform;

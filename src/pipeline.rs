@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use rdkafka::Message;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
-use rdkafka::message::{BorrowedMessage, Headers, OwnedHeaders};
+use rdkafka::message::{BorrowedMessage, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
@@ -25,6 +25,7 @@ use crate::health::Health;
 use crate::kafka::{self, PipelineConsumer, PipelineContext};
 use crate::lag::Positions;
 use crate::metrics::{Metrics, RecordCounters};
+use crate::raw_headers;
 use crate::records::{self, Outgoing};
 use crate::transform::{InputRecord, Transform};
 use crate::txn::{Consumed, Outcome, Reason, SendError, Tp, TxnDriver};
@@ -477,10 +478,7 @@ fn base_record<'a>(
 
 /// Borrows a consumed message as an [`InputRecord`].
 fn input_record<'a>(msg: &'a BorrowedMessage<'a>) -> InputRecord<'a> {
-    let headers = msg
-        .headers()
-        .map(|h| h.iter().map(|x| (x.key, x.value)).collect())
-        .unwrap_or_default();
+    let headers = raw_headers::of(msg);
     InputRecord {
         topic: msg.topic(),
         partition: msg.partition(),

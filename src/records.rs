@@ -12,6 +12,7 @@ use crate::headers;
 use crate::transform::{InputRecord, Reason, Transform, TransformError};
 
 /// One record ready to send.
+#[derive(Clone)]
 pub struct Outgoing<'a> {
     /// Destination; `None` means the configured output topic.
     pub topic: Option<String>,
@@ -23,10 +24,18 @@ pub struct Outgoing<'a> {
     pub headers: OwnedHeaders,
 }
 
+/// librdkafka's worst-case framing of one record (`RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD`: length,
+/// attributes, timestamp and offset deltas, key and value lengths, header count, each at its
+/// largest varint), which it adds to key, value and headers before it compares the sum with
+/// message.max.bytes.
+pub const RECORD_OVERHEAD: usize = 5 + 1 + 10 + 5 + 5 + 5 + 5;
+
 impl Outgoing<'_> {
-    /// Bytes librdkafka counts against message.max.bytes.
+    /// What librdkafka counts against message.max.bytes: a record is refused when this is
+    /// larger than the limit (`rd_kafka_msg_new0`).
     pub fn size(&self) -> usize {
-        self.key.as_ref().map_or(0, |k| k.len())
+        RECORD_OVERHEAD
+            + self.key.as_ref().map_or(0, |k| k.len())
             + self.value.as_ref().map_or(0, |v| v.len())
             + headers::size(&self.headers)
     }
@@ -66,8 +75,8 @@ pub fn outputs<'a>(
 
 /// The DLQ copy of `input`: key, value and headers unchanged, plus the reason headers. When
 /// that copy would be larger than the producer accepts, the value and the input's headers are
-/// left out and `exactly.error.truncated` says so: the source headers still point at the
-/// original record.
+/// left out and `exactly.error.truncated` says so (then the key too, if it is still too
+/// large): the source headers still point at the original record.
 pub fn dead_letter<'a>(
     input: &InputRecord<'a>,
     err: &TransformError,
@@ -97,9 +106,26 @@ pub fn dead_letter<'a>(
         key: headers::ERROR_TRUNCATED,
         value: Some(&note),
     });
-    Outgoing {
+    let truncated = Outgoing {
         topic: None,
         key: full.key,
+        value: None,
+        headers,
+    };
+    if truncated.size() <= max_message_bytes {
+        return truncated;
+    }
+    let note = format!(
+        "key, value and headers left out: over message.max.bytes {max_message_bytes}; read \
+         the source record"
+    );
+    let headers = headers::dlq(&bare, err, l.as_deref()).insert(Header {
+        key: headers::ERROR_TRUNCATED,
+        value: Some(&note),
+    });
+    Outgoing {
+        topic: None,
+        key: None,
         value: None,
         headers,
     }
@@ -112,7 +138,7 @@ mod tests {
     use crate::transform::Limits;
     use rdkafka::message::Headers;
 
-    fn input<'a>(value: &'a [u8], headers: Vec<(&'a str, Option<&'a [u8]>)>) -> InputRecord<'a> {
+    fn input<'a>(value: &'a [u8], headers: Vec<(&'a [u8], Option<&'a [u8]>)>) -> InputRecord<'a> {
         InputRecord {
             topic: "in",
             partition: 0,
@@ -144,15 +170,101 @@ mod tests {
     #[test]
     fn headers_count_toward_the_producer_limit() {
         let big = vec![b'h'; 600];
-        let rec = input(b"small value", vec![("h", Some(&big))]);
+        let rec = input(b"small value", vec![(b"h", Some(&big))]);
         let e = outputs(&passthrough(), &rec, true, 500).err().unwrap();
         assert_eq!(e.reason, Reason::OutputTooLarge);
         assert!(outputs(&passthrough(), &rec, true, 1000).is_ok());
     }
 
+    /// The pre-check against librdkafka's own: a producer that cannot reach any broker still
+    /// checks the size when a record is handed to it, so `send` is the judge.
+    #[test]
+    fn the_size_check_agrees_with_librdkafka_at_the_boundary() {
+        use rdkafka::ClientConfig;
+        use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+        use rdkafka::producer::{BaseProducer, BaseRecord};
+
+        const MAX: usize = 5_000;
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("message.max.bytes", MAX.to_string())
+            .set("message.timeout.ms", "1000")
+            .create()
+            .unwrap();
+        let bytes = vec![0xa5u8; MAX];
+        let (mut accepted, mut refused) = (0, 0);
+        // Key, value and headers of sizes around the varint steps (63/64, 8191/8192 is
+        // beyond MAX) and around the limit.
+        for key in [None, Some(0), Some(1), Some(63), Some(64), Some(200)] {
+            for names in [0, 1, 2, 70] {
+                for header_value in [None, Some(0), Some(63), Some(64), Some(130)] {
+                    let mut h = OwnedHeaders::new();
+                    for i in 0..names {
+                        let name = vec![b'n'; i % 66];
+                        h = crate::raw_headers::add(h, &name, header_value.map(|n| &bytes[..n]));
+                    }
+                    let probe = Outgoing {
+                        topic: None,
+                        key: key.map(|n| Cow::Borrowed(&bytes[..n])),
+                        value: None,
+                        headers: h.clone(),
+                    };
+                    let fixed = probe.size();
+                    for slack in -3i64..=3 {
+                        let Some(value) = (MAX as i64 - fixed as i64 + slack)
+                            .try_into()
+                            .ok()
+                            .filter(|v: &usize| *v <= MAX)
+                        else {
+                            continue;
+                        };
+                        let out = Outgoing {
+                            value: Some(Cow::Borrowed(&bytes[..value])),
+                            headers: h.clone(),
+                            ..probe.clone()
+                        };
+                        let fits = out.size() <= MAX;
+                        let mut rec = BaseRecord::<[u8], [u8]>::to("t")
+                            .payload(&bytes[..value])
+                            .headers(h.clone());
+                        if let Some(k) = key {
+                            rec = rec.key(&bytes[..k]);
+                        }
+                        let sent = match producer.send(rec) {
+                            Ok(()) => true,
+                            Err((
+                                KafkaError::MessageProduction(
+                                    RDKafkaErrorCode::MessageSizeTooLarge,
+                                ),
+                                _,
+                            )) => false,
+                            Err((e, _)) => panic!("unexpected {e}"),
+                        };
+                        assert_eq!(
+                            fits,
+                            sent,
+                            "key {key:?}, {names} headers of {header_value:?}, value {value}: \
+                             pre-check says {} bytes",
+                            out.size()
+                        );
+                        if sent { accepted += 1 } else { refused += 1 }
+                    }
+                }
+            }
+        }
+        assert!(
+            accepted > 100 && refused > 100,
+            "{accepted} accepted, {refused} refused"
+        );
+        rdkafka::producer::Producer::purge(
+            &producer,
+            rdkafka::producer::PurgeConfig::default().queue(),
+        );
+    }
+
     #[test]
     fn dead_letter_keeps_everything_when_it_fits() {
-        let rec = input(b"not json", vec![("trace", Some(b"t"))]);
+        let rec = input(b"not json", vec![(b"trace", Some(b"t"))]);
         let err = TransformError::new(Reason::NotJson, "nope");
         let d = dead_letter(&rec, &err, true, 10_000);
         assert_eq!(d.value.as_deref(), Some(&b"not json"[..]));
@@ -163,7 +275,7 @@ mod tests {
     #[test]
     fn dead_letter_drops_value_and_input_headers_when_too_large() {
         let value = vec![b'x'; 5_000];
-        let rec = input(&value, vec![("trace", Some(b"t"))]);
+        let rec = input(&value, vec![(b"trace", Some(b"t"))]);
         let err = TransformError::new(Reason::OutputTooLarge, "too big");
         let d = dead_letter(&rec, &err, true, 1_000);
         assert_eq!(d.value, None);
@@ -179,5 +291,19 @@ mod tests {
         ] {
             assert!(keys.contains(&k), "{k} missing from {keys:?}");
         }
+    }
+
+    #[test]
+    fn a_dead_letter_too_large_even_bare_leaves_the_key_out() {
+        let key = vec![b'k'; 5_000];
+        let rec = InputRecord {
+            key: Some(&key),
+            ..input(b"v", vec![])
+        };
+        let err = TransformError::new(Reason::OutputTooLarge, "too big");
+        let d = dead_letter(&rec, &err, true, 1_000);
+        assert_eq!((d.key.as_deref(), d.value.as_deref()), (None, None));
+        assert!(d.size() <= 1_000, "{}", d.size());
+        assert!(d.headers.iter().any(|h| h.key == headers::ERROR_TRUNCATED));
     }
 }

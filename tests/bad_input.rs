@@ -39,7 +39,7 @@ fn hostile_records_go_where_the_policy_says_and_the_audit_balances() {
     // the output is larger than the producer's message.max.bytes.
     let mut heavy = In::json(0, "heavy", json!({ "v": "z".repeat(100_000) }));
     heavy.headers = (0..11)
-        .map(|i| (format!("bulk{i}"), vec![b'b'; 10_000]))
+        .map(|i| (format!("bulk{i}").into_bytes(), vec![b'b'; 10_000]))
         .collect();
     inputs.push(heavy);
     // Odd headers: no value, empty name, binary value, repeated names, many, and a forged
@@ -51,9 +51,11 @@ fn hostile_records_go_where_the_policy_says_and_the_audit_balances() {
         ("dup".into(), b"1".to_vec()),
         ("dup".into(), b"2".to_vec()),
         (LINEAGE.into(), b"forged/0/0/0".to_vec()),
+        // A name that is not UTF-8 (Kafka header names are bytes to non-Java producers).
+        (b"\xff\xfe name".to_vec(), b"bytes".to_vec()),
     ];
     odd.headers
-        .extend((0..100).map(|i| (format!("h{i}"), vec![b'v'; i])));
+        .extend((0..100).map(|i| (format!("h{i}").into_bytes(), vec![b'v'; i])));
     inputs.push(odd);
     for i in 0..20 {
         inputs.push(In::json(i % 2, &format!("ok{i}"), json!({ "v": i })));
@@ -120,14 +122,25 @@ fn hostile_records_go_where_the_policy_says_and_the_audit_balances() {
         .find(|o| o.key.as_deref() == Some(&b"odd"[..]))
         .unwrap();
     // The program saw every header, the output carries them on, and the lineage is ours.
-    assert_eq!(odd.json(), json!({"v": "odd", "headers": 104}));
+    assert_eq!(odd.json(), json!({"v": "odd", "headers": 105}));
     assert_eq!(odd.lineage().0, topics.input);
-    assert_eq!(odd.headers.iter().filter(|(k, _)| k == LINEAGE).count(), 1);
-    assert_eq!(odd.headers.iter().filter(|(k, _)| k == "dup").count(), 2);
+    assert_eq!(
+        odd.headers
+            .iter()
+            .filter(|(k, _)| k == LINEAGE.as_bytes())
+            .count(),
+        1
+    );
+    assert_eq!(odd.headers.iter().filter(|(k, _)| k == b"dup").count(), 2);
     assert!(
         odd.headers
             .iter()
-            .any(|(k, v)| k == "binary" && v.as_deref() == Some(&[0, 159, 146, 150, 255][..]))
+            .any(|(k, v)| k == b"\xff\xfe name" && v.as_deref() == Some(&b"bytes"[..]))
+    );
+    assert!(
+        odd.headers
+            .iter()
+            .any(|(k, v)| k == b"binary" && v.as_deref() == Some(&[0, 159, 146, 150, 255][..]))
     );
 
     // The audit replays with the limits the run had.

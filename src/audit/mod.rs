@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::config::OnError;
 use crate::headers::{self, LINEAGE};
+use crate::raw_headers;
 use crate::records;
 use crate::transform::{InputRecord, Transform};
 
@@ -31,14 +32,14 @@ pub struct Rec {
     pub key: Option<Vec<u8>>,
     /// Value.
     pub value: Option<Vec<u8>>,
-    /// Headers in order.
-    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    /// Headers in order, names as bytes.
+    pub headers: Vec<(Vec<u8>, Option<Vec<u8>>)>,
 }
 
 impl Rec {
     /// Copies a consumed message.
-    pub fn from_message(m: &impl rdkafka::Message) -> Rec {
-        use rdkafka::message::Headers;
+    pub fn from_message(m: &rdkafka::message::BorrowedMessage<'_>) -> Rec {
+        use rdkafka::Message;
         Rec {
             topic: m.topic().to_string(),
             partition: m.partition(),
@@ -46,14 +47,10 @@ impl Rec {
             timestamp: m.timestamp().to_millis(),
             key: m.key().map(<[u8]>::to_vec),
             value: m.payload().map(<[u8]>::to_vec),
-            headers: m
-                .headers()
-                .map(|h| {
-                    h.iter()
-                        .map(|x| (x.key.to_string(), x.value.map(<[u8]>::to_vec)))
-                        .collect()
-                })
-                .unwrap_or_default(),
+            headers: raw_headers::of(m)
+                .into_iter()
+                .map(|(n, v)| (n.to_vec(), v.map(<[u8]>::to_vec)))
+                .collect(),
         }
     }
 
@@ -62,7 +59,7 @@ impl Rec {
         self.headers
             .iter()
             .rev()
-            .find(|(k, _)| k == name)
+            .find(|(k, _)| k == name.as_bytes())
             .and_then(|(_, v)| v.as_deref())
     }
 
@@ -77,7 +74,7 @@ impl Rec {
             headers: self
                 .headers
                 .iter()
-                .map(|(k, v)| (k.as_str(), v.as_deref()))
+                .map(|(k, v)| (k.as_slice(), v.as_deref()))
                 .collect(),
         }
     }

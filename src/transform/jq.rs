@@ -249,10 +249,7 @@ fn variables(input: &InputRecord<'_>) -> [Val; 6] {
     let bytes_or_null = |b: Option<&[u8]>| b.map_or(Val::Null, |b| Val::utf8_str(b.to_vec()));
     let mut headers = Map::default();
     for (name, value) in &input.headers {
-        headers.insert(
-            Val::utf8_str(name.as_bytes().to_vec()),
-            bytes_or_null(*value),
-        );
+        headers.insert(Val::utf8_str(name.to_vec()), bytes_or_null(*value));
     }
     [
         bytes_or_null(input.key),

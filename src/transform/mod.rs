@@ -28,7 +28,7 @@ pub struct InputRecord<'a> {
     /// Value bytes; `None` for a tombstone.
     pub value: Option<&'a [u8]>,
     /// Headers in order.
-    pub headers: Vec<(&'a str, Option<&'a [u8]>)>,
+    pub headers: Vec<crate::raw_headers::Header<'a>>,
 }
 
 /// Headers of an output record.
@@ -201,7 +201,7 @@ mod tests {
             timestamp: Some(1_700_000_000_000),
             key: Some(b"k1"),
             value,
-            headers: vec![("h", Some(b"v")), ("empty", None)],
+            headers: vec![(b"h", Some(b"v")), (b"empty", None)],
         }
     }
 

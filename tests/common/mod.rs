@@ -19,7 +19,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::message::{Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
@@ -139,7 +139,8 @@ pub struct In {
     pub partition: i32,
     pub key: Option<Vec<u8>>,
     pub value: Option<Vec<u8>>,
-    pub headers: Vec<(String, Vec<u8>)>,
+    /// Names as bytes: producers outside Java write names that are not UTF-8.
+    pub headers: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 impl In {
@@ -204,10 +205,7 @@ impl Writer {
         for r in records {
             let mut headers = OwnedHeaders::new();
             for (k, v) in &r.headers {
-                headers = headers.insert(Header {
-                    key: k,
-                    value: Some(v),
-                });
+                headers = exactly::raw_headers::add(headers, k, Some(v));
             }
             let mut rec = BaseRecord::<[u8], [u8]>::to(topic)
                 .partition(r.partition)
@@ -260,7 +258,7 @@ pub struct Out {
     pub offset: i64,
     pub key: Option<Vec<u8>>,
     pub value: Option<Vec<u8>>,
-    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    pub headers: Vec<(Vec<u8>, Option<Vec<u8>>)>,
 }
 
 impl Out {
@@ -268,7 +266,7 @@ impl Out {
         self.headers
             .iter()
             .rev()
-            .find(|(k, _)| k == name)
+            .find(|(k, _)| k == name.as_bytes())
             .and_then(|(_, v)| v.as_ref().map(|v| String::from_utf8_lossy(v).into_owned()))
     }
 
