@@ -363,6 +363,11 @@ pub struct RunArgs {
     /// (0 to 1). Used by the fault-injection suite.
     #[arg(long, env = "EXACTLY_TEST_ABORT_PROBABILITY", value_name = "P", hide = true, conflicts_with = "test_abort_every", value_parser = parse_probability)]
     pub test_abort_probability: Option<f64>,
+
+    /// Testing only: the first N sends fail as a failed produce does (the transaction is
+    /// aborted), before the record reaches librdkafka.
+    #[arg(long, env = "EXACTLY_TEST_FAIL_SENDS", value_name = "N", hide = true)]
+    pub test_fail_sends: Option<u64>,
 }
 
 /// The transform, shared by `run` and `audit` (which replays it).
@@ -562,6 +567,8 @@ pub struct Config {
     pub lag_interval: Duration,
     /// Testing only: transactions to abort instead of committing.
     pub test_aborts: Option<crate::txn::TestAborts>,
+    /// Testing only: sends that fail before reaching librdkafka.
+    pub test_fail_sends: u64,
 }
 
 impl RunArgs {
@@ -681,6 +688,7 @@ impl RunArgs {
                 (None, Some(p)) => Some(crate::txn::TestAborts::Probability(p)),
                 (None, None) => None,
             },
+            test_fail_sends: self.test_fail_sends.unwrap_or(0),
         })
     }
 }

@@ -166,6 +166,25 @@ const TIMEOUT: &[Code] = &[
     Code::TimedOutQueue,
 ];
 
+/// Kafka's name for a code that a broker (or librdkafka's own size check) gives a *record* for
+/// what it is — its size, its bytes, its timestamp — or `None` for any other code. No retry,
+/// abort or new producer changes such a record: the replay sends its dead-letter copy instead
+/// (see [`crate::rejected`]). Every other failed delivery is the cluster's or the
+/// configuration's, and never dead-letters a record.
+pub fn rejected_record(code: Code) -> Option<&'static str> {
+    Some(match code {
+        // The record, or the batch it was sent in, is over the topic's max.message.bytes.
+        Code::MessageSizeTooLarge => "MESSAGE_TOO_LARGE",
+        Code::MessageBatchTooLarge => "RECORD_LIST_TOO_LARGE",
+        // E.g. no key for a compacted topic.
+        Code::InvalidRecord => "INVALID_RECORD",
+        Code::InvalidMessage => "CORRUPT_MESSAGE",
+        // Outside the topic's message.timestamp.{before,after}.max.ms.
+        Code::InvalidTimestamp => "INVALID_TIMESTAMP",
+        _ => return None,
+    })
+}
+
 /// Decides what a failed `call` means. The order of the checks is the policy.
 pub fn classify(call: Call, facts: &Facts) -> Action {
     let is = |set: &[Code]| facts.code.is_some_and(|c| set.contains(&c));
@@ -217,6 +236,33 @@ mod tests {
             abortable,
             fatal,
             flush: false,
+        }
+    }
+
+    #[test]
+    fn only_the_records_own_faults_are_rejections() {
+        for code in [
+            Code::MessageSizeTooLarge,
+            Code::MessageBatchTooLarge,
+            Code::InvalidRecord,
+            Code::InvalidMessage,
+            Code::InvalidTimestamp,
+        ] {
+            assert!(rejected_record(code).is_some(), "{code:?}");
+        }
+        // A record in a batch that had another invalid record is innocent; purged, unknown
+        // topics, authorization and outages are not the record's doing.
+        for code in [
+            Code::InvalidDifferentRecord,
+            Code::PurgeQueue,
+            Code::PurgeInflight,
+            Code::UnknownTopicOrPartition,
+            Code::TopicAuthorizationFailed,
+            Code::AllBrokersDown,
+            Code::MessageTimedOut,
+            Code::State,
+        ] {
+            assert_eq!(rejected_record(code), None, "{code:?}");
         }
     }
 

@@ -23,6 +23,9 @@ pub const SOURCE_TOPIC: &str = "exactly.source.topic";
 pub const SOURCE_PARTITION: &str = "exactly.source.partition";
 /// Offset the DLQ record was read from.
 pub const SOURCE_OFFSET: &str = "exactly.source.offset";
+/// Kafka's name of the error a broker rejected a copy of the record with
+/// (`MESSAGE_TOO_LARGE`, `INVALID_RECORD`, `INVALID_TIMESTAMP`, …).
+pub const ERROR_BROKER: &str = "exactly.error.broker";
 
 /// The lineage value of output `index` of `input`.
 pub fn lineage(input: &InputRecord<'_>, index: usize) -> String {
@@ -74,7 +77,17 @@ pub fn output(
 
 /// Headers of a DLQ record: the input's, then the reason and where the record came from.
 pub fn dlq(input: &InputRecord<'_>, err: &TransformError, lineage: Option<&str>) -> OwnedHeaders {
-    let mut h = copy_input(input)
+    reasons(copy_input(input), input, err, lineage)
+}
+
+/// The reason, the broker's error (if any), the source and the lineage, after `h`.
+pub fn reasons(
+    h: OwnedHeaders,
+    input: &InputRecord<'_>,
+    err: &TransformError,
+    lineage: Option<&str>,
+) -> OwnedHeaders {
+    let mut h = h
         .insert(Header {
             key: ERROR_REASON,
             value: Some(err.reason.as_str()),
@@ -95,6 +108,12 @@ pub fn dlq(input: &InputRecord<'_>, err: &TransformError, lineage: Option<&str>)
             key: SOURCE_OFFSET,
             value: Some(&input.offset.to_string()),
         });
+    if let Some(b) = err.broker {
+        h = h.insert(Header {
+            key: ERROR_BROKER,
+            value: Some(b),
+        });
+    }
     if let Some(l) = lineage {
         h = h.insert(Header {
             key: LINEAGE,

@@ -11,6 +11,7 @@
 //! read_uncommitted one. librdkafka's statistics cannot give both: in read_committed mode
 //! their `hi_offset` is the LSO too.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -87,6 +88,9 @@ struct EndOffsets {
     committed: BaseConsumer,
     uncommitted: BaseConsumer,
     timeout: Duration,
+    /// The last answer per partition: a failed query reports it again instead of dropping the
+    /// partition's series, which alerts would read as a gap.
+    last: Mutex<HashMap<(String, i32), (i64, i64)>>,
 }
 
 impl EndOffsets {
@@ -110,10 +114,12 @@ impl EndOffsets {
             timeout: c
                 .lag_interval
                 .clamp(Duration::from_secs(1), Duration::from_secs(10)),
+            last: Mutex::default(),
         })
     }
 
-    /// End offsets of the owned partitions; a partition whose query failed is left out.
+    /// End offsets of the owned partitions; a partition whose query failed keeps its last
+    /// answer (and is left out before it has one).
     fn query(&self, positions: &[Position]) -> Vec<PartitionOffsets> {
         // Serves the clients' events (errors, logs), which nothing else polls.
         let _ = self.committed.poll(Duration::ZERO);
@@ -125,14 +131,25 @@ impl EndOffsets {
                 .map_err(|e| debug!(topic = %p.topic, partition = p.partition, error = %e, "end offsets"))
                 .ok()
         };
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let owned: HashSet<_> = positions
+            .iter()
+            .map(|p| (p.topic.clone(), p.partition))
+            .collect();
+        last.retain(|k, _| owned.contains(k));
         positions
             .iter()
             .filter_map(|p| {
+                let key = (p.topic.clone(), p.partition);
+                let ends = match (latest(&self.committed, p), latest(&self.uncommitted, p)) {
+                    (Some(lso), Some(hw)) => *last.entry(key).insert_entry((lso, hw)).get(),
+                    _ => *last.get(&key)?,
+                };
                 Some(PartitionOffsets {
                     topic: p.topic.clone(),
                     partition: p.partition,
-                    last_stable: latest(&self.committed, p)?,
-                    high_watermark: latest(&self.uncommitted, p)?,
+                    last_stable: ends.0,
+                    high_watermark: ends.1,
                     position: p.next,
                 })
             })

@@ -42,6 +42,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod raw_headers;
 pub mod records;
+pub mod rejected;
 pub mod telemetry;
 pub mod transform;
 pub mod txn;

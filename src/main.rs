@@ -39,7 +39,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async_main(config))
+    let code = runtime.block_on(async_main(config));
+    // Dropping the runtime would wait for blocking tasks (a lag query can take seconds); the
+    // process is done, and the shutdown grace must hold.
+    runtime.shutdown_background();
+    code
 }
 
 async fn async_main(config: exactly::config::Config) -> ExitCode {

@@ -13,21 +13,22 @@ use std::time::{Duration, Instant};
 use rdkafka::Message;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
-use rdkafka::message::{BorrowedMessage, OwnedHeaders};
+use rdkafka::message::BorrowedMessage;
 use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::config::{Config, Input, OnError};
-use crate::error::{Action, Call, Error, Facts, classify};
+use crate::error::{Action, Call, Error, Facts, classify, rejected_record};
 use crate::health::Health;
 use crate::kafka::{self, PipelineConsumer, PipelineContext};
 use crate::lag::Positions;
 use crate::metrics::{Metrics, RecordCounters};
 use crate::raw_headers;
 use crate::records::{self, Outgoing};
-use crate::transform::{InputRecord, Transform};
+use crate::rejected::{Copy, Source, Verdict};
+use crate::transform::{InputRecord, Transform, TransformError};
 use crate::txn::{Consumed, Outcome, Reason, SendError, Tp, TxnDriver};
 
 /// Longest single poll: bounds how late a commit or a shutdown is noticed.
@@ -208,8 +209,13 @@ impl Pipeline<'_> {
                     return Err(e);
                 }
             }
-            if self.rewind_if_pending()? {
-                // The polled record (if any) is from before the rewind point: it comes again.
+            if let Some(Ok(msg)) = &polled {
+                // Polled while a rewind is pending: from before the rewind point, so it must
+                // come again, even from a partition without a committed offset.
+                let mut driver = self.consumer.context().driver();
+                driver.rewind_also(msg.topic(), msg.partition(), msg.offset());
+            }
+            if self.rewind_if_pending(health, shutdown)? {
                 continue;
             }
             match polled {
@@ -228,7 +234,7 @@ impl Pipeline<'_> {
                     debug!(records, "transaction committed");
                 }
                 drop(driver);
-                self.rewind_if_pending()?;
+                self.rewind_if_pending(health, shutdown)?;
             }
         }
         Ok(())
@@ -263,62 +269,55 @@ impl Pipeline<'_> {
         let mut driver = self.consumer.context().driver();
         if !driver.begin()? {
             // The producer was replaced; the record comes again after the rewind.
+            driver.rewind_also(input.topic, input.partition, input.offset);
             return Ok(());
         }
+        let (p, o) = (input.partition, input.offset);
+        let verdict = driver.verdicts().get(input.topic, p, o);
         let max = self.max_message_bytes;
-        let sent = match records::outputs(&self.transform, &input, self.config.lineage, max) {
-            Ok(outputs) => {
-                if outputs.is_empty() {
-                    driver.metrics().records_filtered.inc();
-                }
-                let mut sent = Ok(());
-                for mut o in outputs {
-                    let headers = std::mem::take(&mut o.headers);
-                    let topic = o.topic.as_deref().unwrap_or(&self.config.output_topic);
-                    sent = driver.send(base_record(topic, &o, headers, input.timestamp));
-                    if sent.is_err() {
-                        break;
-                    }
-                    self.counters.produced(driver.metrics(), topic).inc();
+        let result = records::outputs(&self.transform, &input, self.config.lineage, max);
+        let sent = match (verdict, result) {
+            (None, Ok(outputs)) => self.send_outputs(&mut driver, &input, outputs, false),
+            (None, Err(err)) => {
+                self.bad_record(&mut driver, &input, err, Copy::DeadLetter, false)?
+            }
+            (Some(Verdict::Suspect { .. }), Ok(outputs)) => {
+                // Rejected in a batch with others: each output goes alone, to find out.
+                let sent = self.send_outputs(&mut driver, &input, outputs, true);
+                if sent.is_ok() {
+                    driver.cleared(input.topic, p, o);
                 }
                 sent
             }
-            Err(err) => match self.config.on_error {
-                OnError::Dlq => {
-                    warn!(
-                        topic = input.topic, partition = input.partition, offset = input.offset,
-                        reason = err.reason.as_str(), error = %err.message,
-                        "record to the dead-letter topic"
+            (Some(Verdict::Suspect { .. }), Err(err)) => {
+                let sent = self.bad_record(&mut driver, &input, err, Copy::DeadLetter, true)?;
+                if sent.is_ok() {
+                    driver.cleared(input.topic, p, o);
+                }
+                sent
+            }
+            (Some(Verdict::Rejected { code, copy }), result) => {
+                let broker = rejected_record(code).unwrap_or("UNKNOWN");
+                let err = match result {
+                    Err(mut e) => {
+                        e.broker = Some(broker);
+                        e
+                    }
+                    Ok(_) => TransformError::rejected(broker),
+                };
+                let next = copy.next().unwrap_or_else(|| {
+                    // Not the record's fault: the dead-letter topic refuses even reason
+                    // headers. The copy is rejected again; the aborts back off meanwhile.
+                    error!(
+                        topic = input.topic, partition = p, offset = o, error = broker,
+                        dlq = %self.config.dlq_topic,
+                        "the dead-letter topic rejected even the minimal copy of a record; \
+                         retrying with backoff: check that topic's settings"
                     );
-                    let mut d = records::dead_letter(&input, &err, self.config.lineage, max);
-                    let headers = std::mem::take(&mut d.headers);
-                    driver
-                        .metrics()
-                        .records_dlq
-                        .with_label_values(&[err.reason.as_str()])
-                        .inc();
-                    driver.send(base_record(
-                        &self.config.dlq_topic,
-                        &d,
-                        headers,
-                        input.timestamp,
-                    ))
-                }
-                OnError::Skip => {
-                    warn!(
-                        topic = input.topic, partition = input.partition, offset = input.offset,
-                        reason = err.reason.as_str(), error = %err.message, "record skipped"
-                    );
-                    Ok(())
-                }
-                OnError::Fail => {
-                    driver.abort(Reason::RecordFailed)?;
-                    return Err(Error::RecordFailed(format!(
-                        "record {}/{}/{} cannot be transformed: {err}",
-                        input.topic, input.partition, input.offset
-                    )));
-                }
-            },
+                    Copy::Minimal
+                });
+                self.bad_record(&mut driver, &input, err, next, false)?
+            }
         };
         match sent {
             Ok(()) => {
@@ -335,14 +334,98 @@ impl Pipeline<'_> {
                 Ok(())
             }
             // Rewound before the next record.
-            Err(SendError::Aborted) => Ok(()),
+            Err(SendError::Aborted) => {
+                driver.rewind_also(input.topic, p, o);
+                Ok(())
+            }
             Err(SendError::Fatal(e)) => Err(e),
             Err(SendError::TooLarge) => {
+                // librdkafka refused a record the size check let through. The driver holds
+                // the verdict; the replay sends the next smaller copy.
+                if self.config.on_error == OnError::Fail {
+                    driver.abort(Reason::RecordFailed)?;
+                    return Err(Error::RecordFailed(format!(
+                        "record {}/{p}/{o}: the producer refused an output (or its DLQ copy) \
+                         as larger than its message.max.bytes",
+                        input.topic
+                    )));
+                }
                 driver.abort(Reason::OutputTooLarge)?;
+                driver.rewind_also(input.topic, p, o);
+                Ok(())
+            }
+        }
+    }
+
+    /// Sends the outputs of one input; `alone`: each in a batch of its own, waited for.
+    fn send_outputs(
+        &mut self,
+        driver: &mut TxnDriver,
+        input: &InputRecord<'_>,
+        outputs: Vec<Outgoing<'_>>,
+        alone: bool,
+    ) -> Result<(), SendError> {
+        if outputs.is_empty() {
+            driver.metrics().records_filtered.inc();
+        }
+        let source = source(input, Copy::Output);
+        for mut o in outputs {
+            let routed = o.topic.take();
+            let topic = routed.as_deref().unwrap_or(&self.config.output_topic);
+            driver.send(base_record(topic, &mut o, input.timestamp), source, alone)?;
+            self.counters.produced(driver.metrics(), topic).inc();
+        }
+        Ok(())
+    }
+
+    /// A record that cannot go out as it is: the error policy decides. `copy` is what the
+    /// dead-letter topic gets: the dead-letter copy, or the minimal one when that was
+    /// rejected; `alone`: sent in a batch of its own (a suspect).
+    fn bad_record(
+        &mut self,
+        driver: &mut TxnDriver,
+        input: &InputRecord<'_>,
+        err: TransformError,
+        copy: Copy,
+        alone: bool,
+    ) -> Result<Result<(), SendError>, Error> {
+        let (topic, partition, offset) = (input.topic, input.partition, input.offset);
+        match self.config.on_error {
+            OnError::Dlq => {
+                warn!(
+                    topic, partition, offset, reason = err.reason.as_str(), error = %err.message,
+                    copy = ?copy, "record to the dead-letter topic"
+                );
+                let lineage = self.config.lineage;
+                let (mut d, timestamp) = match copy {
+                    Copy::Minimal => {
+                        let why = "its dead-letter copy was rejected by the broker";
+                        (records::minimal(input, &err, lineage, why), None)
+                    }
+                    _ => (
+                        records::dead_letter(input, &err, lineage, self.max_message_bytes),
+                        input.timestamp,
+                    ),
+                };
+                driver
+                    .metrics()
+                    .records_dlq
+                    .with_label_values(&[err.reason.as_str()])
+                    .inc();
+                let rec = base_record(&self.config.dlq_topic, &mut d, timestamp);
+                Ok(driver.send(rec, source(input, copy), alone))
+            }
+            OnError::Skip => {
+                warn!(
+                    topic, partition, offset, reason = err.reason.as_str(), error = %err.message,
+                    "record skipped"
+                );
+                Ok(Ok(()))
+            }
+            OnError::Fail => {
+                driver.abort(Reason::RecordFailed)?;
                 Err(Error::RecordFailed(format!(
-                    "record {}/{}/{}: an output (or its DLQ copy) is larger than the producer \
-                     accepts; raise --producer-config message.max.bytes",
-                    input.topic, input.partition, input.offset
+                    "record {topic}/{partition}/{offset} cannot be transformed: {err}"
                 )))
             }
         }
@@ -377,11 +460,16 @@ impl Pipeline<'_> {
 
     /// Seeks every owned partition back to its committed offset, if an abort asked for it.
     /// Returns whether it rewound.
-    fn rewind_if_pending(&self) -> Result<bool, Error> {
+    fn rewind_if_pending(
+        &self,
+        health: &Health,
+        shutdown: &CancellationToken,
+    ) -> Result<bool, Error> {
         let Some(firsts) = self.consumer.context().driver().take_rewind() else {
             return Ok(false);
         };
-        rewind(self.consumer, &firsts, self.config.transaction_timeout)?;
+        let timeout = self.config.transaction_timeout;
+        rewind(self.consumer, &firsts, timeout, health, shutdown)?;
         let failures = self.consumer.context().driver().failures_in_a_row();
         if failures > 1 {
             // Aborts in a row (a broker outage, a poison output): do not spin.
@@ -394,11 +482,15 @@ impl Pipeline<'_> {
 
 /// Seeks each assigned partition to its committed offset (the broker's word, read after the
 /// aborted or unknown transaction was settled). A partition with no committed offset goes back
-/// to where the aborted transaction first read it.
+/// to where the aborted transaction first read it. Reading the committed offsets is retried
+/// for up to `timeout`, then the consumer is replaced (a new one starts from the committed
+/// offsets); a shutdown stops it at once (nothing is open, the loop ends next).
 fn rewind(
     consumer: &PipelineConsumer,
     firsts: &HashMap<Tp, i64>,
     timeout: Duration,
+    health: &Health,
+    shutdown: &CancellationToken,
 ) -> Result<(), Error> {
     let assignment = consumer.assignment().map_err(|e| Error::Unrecoverable {
         context: "reading the assignment".into(),
@@ -408,8 +500,14 @@ fn rewind(
         return Ok(());
     }
     let mut backoff = Duration::from_millis(100);
+    let give_up = Instant::now() + timeout;
     let committed = loop {
-        match consumer.committed_offsets(assignment.clone(), timeout) {
+        health.beat();
+        let result = {
+            let _g = health.in_call("committed offsets");
+            consumer.committed_offsets(assignment.clone(), timeout)
+        };
+        match result {
             Ok(c) => break c,
             Err(e) => {
                 if classify(Call::SendOffsets, &Facts::of(&e)) == Action::Exit {
@@ -418,8 +516,15 @@ fn rewind(
                         source: e,
                     });
                 }
+                if shutdown.is_cancelled() {
+                    return Ok(());
+                }
+                if Instant::now() >= give_up {
+                    warn!(error = %e, "committed offsets unreadable; replacing the consumer");
+                    return Err(Error::ConsumerFenced(e));
+                }
                 warn!(error = %e, "reading committed offsets failed; retrying");
-                std::thread::sleep(backoff);
+                std::thread::sleep(backoff.min(give_up.saturating_duration_since(Instant::now())));
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
@@ -456,14 +561,16 @@ fn rewind(
     Ok(())
 }
 
-/// A librdkafka record of an [`Outgoing`], with the input's timestamp.
+/// A librdkafka record of an [`Outgoing`] (whose headers it takes), with `timestamp` (the
+/// input's, or librdkafka's time of sending when `None`).
 fn base_record<'a>(
     topic: &'a str,
-    o: &'a Outgoing<'_>,
-    headers: OwnedHeaders,
+    o: &'a mut Outgoing<'_>,
     timestamp: Option<i64>,
-) -> BaseRecord<'a, [u8], [u8]> {
-    let mut rec = BaseRecord::<[u8], [u8]>::to(topic).headers(headers);
+) -> BaseRecord<'a, [u8], [u8], usize> {
+    let headers = std::mem::take(&mut o.headers);
+    let o: &'a Outgoing<'_> = o;
+    let mut rec = BaseRecord::<[u8], [u8], usize>::with_opaque_to(topic, 0).headers(headers);
     if let Some(k) = o.key.as_deref() {
         rec = rec.key(k);
     }
@@ -474,6 +581,16 @@ fn base_record<'a>(
         rec = rec.timestamp(ts);
     }
     rec
+}
+
+/// Where a record sent for `input` came from.
+fn source<'a>(input: &InputRecord<'a>, copy: Copy) -> Source<'a> {
+    Source {
+        topic: input.topic,
+        partition: input.partition,
+        offset: input.offset,
+        copy,
+    }
 }
 
 /// Borrows a consumed message as an [`InputRecord`].

@@ -98,11 +98,7 @@ pub fn dead_letter<'a>(
         "value and headers ({dropped} bytes) left out: over message.max.bytes \
          {max_message_bytes}; read the source record"
     );
-    let bare = InputRecord {
-        headers: Vec::new(),
-        ..input.clone()
-    };
-    let headers = headers::dlq(&bare, err, l.as_deref()).insert(Header {
+    let headers = headers::reasons(OwnedHeaders::new(), input, err, l.as_deref()).insert(Header {
         key: headers::ERROR_TRUNCATED,
         value: Some(&note),
     });
@@ -115,11 +111,26 @@ pub fn dead_letter<'a>(
     if truncated.size() <= max_message_bytes {
         return truncated;
     }
-    let note = format!(
-        "key, value and headers left out: over message.max.bytes {max_message_bytes}; read \
-         the source record"
-    );
-    let headers = headers::dlq(&bare, err, l.as_deref()).insert(Header {
+    minimal(
+        input,
+        err,
+        lineage,
+        &format!("over message.max.bytes {max_message_bytes}"),
+    )
+}
+
+/// The minimal DLQ copy: the reason and source headers only, and `exactly.error.truncated`
+/// saying what was left out and `why`. The pipeline sends it without a timestamp of its own,
+/// so that a topic bounding timestamps takes it too.
+pub fn minimal<'a>(
+    input: &InputRecord<'_>,
+    err: &TransformError,
+    lineage: bool,
+    why: &str,
+) -> Outgoing<'a> {
+    let l = lineage.then(|| headers::lineage(input, 0));
+    let note = format!("key, value and headers left out: {why}; read the source record");
+    let headers = headers::reasons(OwnedHeaders::new(), input, err, l.as_deref()).insert(Header {
         key: headers::ERROR_TRUNCATED,
         value: Some(&note),
     });

@@ -12,8 +12,8 @@
 //! Every failed call goes through [`crate::error::classify`].
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
@@ -26,9 +26,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::config::Guarantee;
-use crate::error::{Action, Call, Error, Facts, classify};
+use crate::error::{Action, Call, Error, Facts, classify, rejected_record};
 use crate::health::Health;
 use crate::metrics::Metrics;
+use crate::rejected::{SentLog, Source, Verdicts};
 
 /// The transactional producer.
 pub type TxnProducer = ThreadedProducer<DeliveryContext>;
@@ -43,24 +44,42 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 /// Producer callbacks. In a transaction a failed delivery also makes the commit fail with an
 /// abortable error; without one (at-least-once) the driver counts failures itself and does not
-/// commit offsets past a batch that had any.
+/// commit offsets past a batch that had any. Deliveries the broker rejected for what the record
+/// is are kept by their opaque, the record's index in the driver's [`SentLog`].
 #[derive(Default)]
 pub struct DeliveryContext {
     /// Records sent and not yet reported.
     pending: AtomicU64,
     /// Failed deliveries since the batch began.
     failed: AtomicU64,
+    /// (send index, code) of each delivery rejected for the record's own fault.
+    rejections: Mutex<Vec<(usize, RDKafkaErrorCode)>>,
+}
+
+impl DeliveryContext {
+    fn take_rejections(&self) -> Vec<(usize, RDKafkaErrorCode)> {
+        std::mem::take(&mut *self.rejections.lock().unwrap_or_else(|p| p.into_inner()))
+    }
 }
 
 impl ClientContext for DeliveryContext {}
 
 impl ProducerContext for DeliveryContext {
-    type DeliveryOpaque = ();
+    type DeliveryOpaque = usize;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+    fn delivery(&self, result: &DeliveryResult<'_>, index: usize) {
         if let Err((e, _)) = result {
             debug!(error = %e, "delivery failed; the batch will not commit");
             self.failed.fetch_add(1, Ordering::SeqCst);
+            if let Some(code) = e
+                .rdkafka_error_code()
+                .filter(|c| rejected_record(*c).is_some())
+            {
+                self.rejections
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((index, code));
+            }
         }
         self.pending.fetch_sub(1, Ordering::SeqCst);
     }
@@ -129,11 +148,13 @@ pub enum Reason {
     DeliveryFailed,
     /// At-least-once: committing the batch's offsets failed.
     OffsetCommitFailed,
+    /// A record sent alone was rejected by the broker: its replay sends its dead-letter copy.
+    RecordRejected,
 }
 
 impl Reason {
     /// Every reason, so the counters start at 0 for each.
-    pub const ALL: [Reason; 17] = {
+    pub const ALL: [Reason; 18] = {
         use Reason::*;
         [
             PartitionsLost,
@@ -153,6 +174,7 @@ impl Reason {
             CommitOutcomeUnknown,
             DeliveryFailed,
             OffsetCommitFailed,
+            RecordRejected,
         ]
     };
 
@@ -177,6 +199,7 @@ impl Reason {
             CommitOutcomeUnknown => "commit_outcome_unknown",
             DeliveryFailed => "delivery_failed",
             OffsetCommitFailed => "offset_commit_failed",
+            RecordRejected => "record_rejected",
         }
     }
 }
@@ -277,7 +300,13 @@ pub struct TxnDriver {
     fatal: Option<Error>,
     attempts: u64,
     test_aborts: Option<TestAborts>,
+    /// Testing only: sends left to fail (--test-fail-sends).
+    test_fail_sends: u64,
     rng: u64,
+    /// Where each record sent in the open transaction came from (the delivery opaque).
+    sent: SentLog,
+    /// What the broker said about inputs whose records it rejected.
+    verdicts: Verdicts,
 }
 
 /// Testing only: transactions to abort instead of committing, through the same path as an
@@ -328,7 +357,10 @@ impl TxnDriver {
                         fatal: None,
                         attempts: 0,
                         test_aborts,
+                        test_fail_sends: c.test_fail_sends,
                         rng: seed(),
+                        sent: SentLog::default(),
+                        verdicts: Verdicts::default(),
                     });
                 }
                 Err(e) => {
@@ -388,6 +420,17 @@ impl TxnDriver {
         })
     }
 
+    /// A record polled but not counted in the transaction (its send failed, or it came while a
+    /// rewind was pending) must come again even from a partition without a committed offset:
+    /// the rewind falls back to the earliest such position.
+    pub fn rewind_also(&mut self, topic: &str, partition: i32, offset: i64) {
+        if let Some(r) = self.rewind.as_mut() {
+            r.entry((topic.to_string(), partition))
+                .and_modify(|o| *o = (*o).min(offset))
+                .or_insert(offset);
+        }
+    }
+
     /// Takes the pending rewind, if any: the aborted transaction's first offsets.
     pub fn take_rewind(&mut self) -> Option<HashMap<Tp, i64>> {
         debug_assert!(
@@ -416,12 +459,23 @@ impl TxnDriver {
         }
     }
 
+    /// What the broker said about inputs whose records it rejected.
+    pub fn verdicts(&self) -> &Verdicts {
+        &self.verdicts
+    }
+
+    /// A suspect whose records all went through alone is innocent.
+    pub fn cleared(&mut self, topic: &str, partition: i32, offset: i64) {
+        self.verdicts.clear(topic, partition, offset);
+    }
+
     /// Makes sure a transaction is open before the first output of a record is sent.
     /// `Ok(false)`: the producer had to be recreated, a rewind is pending, nothing is open.
     pub fn begin(&mut self) -> Result<bool, Error> {
         if self.open.is_some() {
             return Ok(true);
         }
+        self.sent.clear();
         if self.guarantee == Guarantee::AtLeastOnce {
             // A batch, not a transaction: failures of earlier batches are settled already.
             self.producer.context().failed.store(0, Ordering::SeqCst);
@@ -451,8 +505,33 @@ impl TxnDriver {
         }
     }
 
-    /// Sends one record inside the open transaction, waiting while the local queue is full.
-    pub fn send(&mut self, mut record: BaseRecord<'_, [u8], [u8]>) -> Result<(), SendError> {
+    /// Sends one record of `source` inside the open transaction, waiting while the local queue
+    /// is full. `alone`: a suspect of a rejected batch, sent in a batch of its own and waited
+    /// for; if the broker rejects it now, the transaction is aborted (its replay sends the
+    /// dead-letter copy).
+    pub fn send(
+        &mut self,
+        mut record: BaseRecord<'_, [u8], [u8], usize>,
+        source: Source<'_>,
+        alone: bool,
+    ) -> Result<(), SendError> {
+        if alone {
+            self.flush_alone();
+            if self.has_rejections() {
+                // Something sent before it was rejected: learn from that first.
+                self.abort(Reason::ProduceFailed)
+                    .map_err(SendError::Fatal)?;
+                return Err(SendError::Aborted);
+            }
+        }
+        if self.test_fail_sends > 0 {
+            self.test_fail_sends -= 1;
+            warn!("test switch: failing this send");
+            self.abort(Reason::ProduceFailed)
+                .map_err(SendError::Fatal)?;
+            return Err(SendError::Aborted);
+        }
+        record.delivery_opaque = self.sent.push(source);
         loop {
             match self.producer.send(record) {
                 Ok(()) => {
@@ -460,6 +539,9 @@ impl TxnDriver {
                         .context()
                         .pending
                         .fetch_add(1, Ordering::SeqCst);
+                    if alone {
+                        return self.check_alone();
+                    }
                     return Ok(());
                 }
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
@@ -468,6 +550,9 @@ impl TxnDriver {
                     self.producer.poll(Duration::from_millis(10));
                 }
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge), _)) => {
+                    // librdkafka's own check: the record's fault, like a broker's rejection.
+                    let code = RDKafkaErrorCode::MessageSizeTooLarge;
+                    self.verdicts.learn(&[(source, code)], true);
                     return Err(SendError::TooLarge);
                 }
                 Err((e, _)) => {
@@ -489,6 +574,80 @@ impl TxnDriver {
                 }
             }
         }
+    }
+
+    /// Waits (within the call timeout) until every record sent so far is delivered or failed,
+    /// so that what is sent next goes out in a batch of its own.
+    fn flush_alone(&mut self) {
+        let _g = self.health.in_call("flush");
+        if let Err(e) = flush(&self.producer, self.timeout()) {
+            debug!(error = %e, "flush before a record sent alone");
+        }
+        self.wait_for_reports(self.timeout());
+    }
+
+    /// After a record sent alone: its delivery report decides.
+    fn check_alone(&mut self) -> Result<(), SendError> {
+        self.flush_alone();
+        if !self.has_rejections() {
+            return Ok(());
+        }
+        self.abort_with(Reason::RecordRejected, true)
+            .map_err(SendError::Fatal)?;
+        Err(SendError::Aborted)
+    }
+
+    fn has_rejections(&self) -> bool {
+        let ctx = self.producer.context();
+        !ctx.rejections
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+
+    /// Waits up to `bound` for the delivery callbacks of everything sent (they run on the
+    /// producer's thread, after librdkafka is done with a record).
+    fn wait_for_reports(&self, bound: Duration) {
+        let ctx = self.producer.context();
+        let until = Instant::now() + bound;
+        while ctx.pending.load(Ordering::SeqCst) > 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Turns the rejections of a transaction that ended without a commit into verdicts.
+    /// `alone`: the last record was sent alone, so a rejection is its own.
+    fn harvest(&mut self, alone: bool) {
+        self.wait_for_reports(Duration::from_secs(1));
+        let codes = self.producer.context().take_rejections();
+        if codes.is_empty() {
+            return;
+        }
+        let rejected: Vec<_> = codes
+            .iter()
+            .filter_map(|&(i, code)| self.sent.get(i).map(|s| (s, code)))
+            .collect();
+        if let [(s, code)] = rejected[..].as_ref() {
+            warn!(
+                topic = s.topic, partition = s.partition, offset = s.offset, copy = ?s.copy,
+                error = rejected_record(*code).unwrap_or("?"),
+                "the broker rejected a record; its replay sends the dead-letter copy"
+            );
+        } else if let Some((s, code)) = rejected.first() {
+            // librdkafka sends a partition's records in one batch, which the broker rejects
+            // whole: one culprit can fail a hundred records.
+            warn!(
+                records = rejected.len(),
+                topic = s.topic,
+                partition = s.partition,
+                first_offset = s.offset,
+                error = rejected_record(*code).unwrap_or("?"),
+                "the broker rejected records together; their replay sends each alone to find \
+                 which one is at fault"
+            );
+        }
+        self.verdicts.learn(&rejected, alone);
+        self.sent.clear();
     }
 
     /// Commits the open transaction: offsets first, then EndTxn. Any failure ends in an abort
@@ -554,13 +713,26 @@ impl TxnDriver {
             }
         }
 
-        {
-            // commit_transaction flushes too, but through rust-rdkafka's slow flush; after this
-            // one it finds nothing left. A failure here shows again in commit_transaction.
+        // commit_transaction flushes too, but through rust-rdkafka's slow flush; after this one
+        // it finds nothing left. A flush that fails (a whole call timeout without every
+        // delivery) ends the transaction here: commit_transaction would wait as long again.
+        let flushed = {
             let _g = self.health.in_call("flush");
-            if let Err(e) = flush(&self.producer, self.timeout()) {
-                debug!(error = %e, "flush before commit");
+            flush(&self.producer, self.timeout())
+        };
+        if let Err(e) = flushed {
+            match classify(Call::Commit, &Facts::of(&e)) {
+                Action::Exit => return Err(unrecoverable("flushing before the commit", e)),
+                Action::RecreateProducer => {
+                    warn!(error = %e, "flush before the commit: producer fenced; recreating it");
+                    self.fail_recreate(Reason::CommitFenced)?;
+                }
+                _ => {
+                    warn!(error = %e, "flush before the commit failed; aborting");
+                    self.abort(Reason::CommitFailed)?;
+                }
             }
+            return Ok(Outcome::Aborted);
         }
         let mut tries = 0;
         loop {
@@ -638,11 +810,13 @@ impl TxnDriver {
 
     /// Bookkeeping of a successful commit.
     fn committed(&mut self, started: Instant) -> Outcome {
-        let (records, committed) = self
-            .open
-            .take()
-            .map(|t| (t.records, t.timestamps))
-            .unwrap_or_default();
+        let Some(t) = self.open.take() else {
+            return Outcome::Empty;
+        };
+        for (topic, partition, next) in t.next_offsets() {
+            self.verdicts.committed(topic, partition, next);
+        }
+        let (records, committed) = (t.records, t.timestamps);
         self.failures_in_a_row = 0;
         let m = &self.metrics;
         m.transactions.with_label_values(&["committed"]).inc();
@@ -664,6 +838,11 @@ impl TxnDriver {
     /// Aborts the open transaction (if any) and leaves a rewind pending. A failed abort
     /// recreates the producer, whose init_transactions aborts it on the broker.
     pub fn abort(&mut self, reason: Reason) -> Result<(), Error> {
+        self.abort_with(reason, false)
+    }
+
+    /// [`TxnDriver::abort`]; `alone`: the last record was sent alone (its rejection is its own).
+    fn abort_with(&mut self, reason: Reason, alone: bool) -> Result<(), Error> {
         let Some(t) = self.open.take() else {
             return Ok(());
         };
@@ -672,11 +851,22 @@ impl TxnDriver {
         self.count_abort(reason);
         if self.guarantee == Guarantee::AtLeastOnce {
             // Nothing to abort: what was sent stays, and comes again after the rewind.
+            self.harvest(alone);
             info!(
                 reason = reason.as_str(),
                 "batch dropped; rewinding (at least once)"
             );
             return Ok(());
+        }
+        {
+            // librdkafka#4849: an abort racing a partition registration that the coordinator
+            // refused (CONCURRENT_TRANSACTIONS right after a commit) sends EndTxn for a
+            // transaction the coordinator does not have, and INVALID_TXN_STATE is fatal. A
+            // record is only delivered once its partition is registered, so waiting for the
+            // deliveries first closes the window (queued records were purged already if the
+            // transaction failed). Bounded: an unreachable broker is the recreate path's.
+            let _g = self.health.in_call("flush");
+            let _ = flush(&self.producer, self.timeout().min(Duration::from_secs(5)));
         }
         let mut tries = 0;
         loop {
@@ -686,6 +876,7 @@ impl TxnDriver {
             };
             let Err(e) = result else {
                 info!(reason = reason.as_str(), "transaction aborted");
+                self.harvest(alone);
                 return Ok(());
             };
             match classify(Call::Abort, &Facts::of(&e)) {
@@ -749,9 +940,12 @@ impl TxnDriver {
     }
 
     fn set_rewind(&mut self, t: OpenTxn) {
-        self.rewind
-            .get_or_insert_with(HashMap::new)
-            .extend(t.first_offsets());
+        let r = self.rewind.get_or_insert_with(HashMap::new);
+        for (tp, first) in t.first_offsets() {
+            r.entry(tp)
+                .and_modify(|o| *o = (*o).min(first))
+                .or_insert(first);
+        }
     }
 
     fn fail_recreate(&mut self, reason: Reason) -> Result<(), Error> {
@@ -770,6 +964,8 @@ impl TxnDriver {
         if let Some(t) = self.open.take() {
             self.set_rewind(t);
         }
+        // The old producer's reports die with it.
+        self.harvest(false);
         self.rewind.get_or_insert_with(HashMap::new);
         let mut backoff = backoff(self.failures_in_a_row);
         loop {

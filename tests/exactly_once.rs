@@ -134,3 +134,26 @@ fn kill_9_mid_stream_then_restart_loses_and_duplicates_nothing() {
          {n} outputs exactly once (duplicates found: 0)"
     );
 }
+
+/// A send that fails before anything was committed: on a fresh group no partition has a
+/// committed offset, so the rewind must go back to every record that was polled and not
+/// committed (the failed record itself, and the one polled while the rewind was pending),
+/// not only to records the aborted transaction had counted.
+#[test]
+fn a_failed_send_on_a_fresh_group_loses_nothing() {
+    let topics = Topics::create("fresh", 6, 2);
+    let group = unique("fresh-g");
+    produce(&topics.input, &numbered(18, 6));
+
+    let mut args = base_args(&topics, &group, "fresh-0");
+    args.extend(["--jq", DOUBLE, "--test-fail-sends", "3"].map(String::from));
+    let mut ex = Exactly::start(&args);
+    wait_all_committed(&group, &topics.input, Duration::from_secs(60));
+    ex.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(ex.wait(Duration::from_secs(15)).success());
+    assert_eq!(ex.events("test switch: failing this send").len(), 3);
+
+    let outputs = read_all(&topics.output, "read_committed");
+    let expected = expected_outputs(&topics.input, doubled);
+    assert_eq!(assert_exactly_once(&outputs, &expected), 18);
+}

@@ -141,6 +141,9 @@ pub struct Report {
     pub expected_outputs: usize,
     /// DLQ records it expects.
     pub expected_dlq: usize,
+    /// Inputs whose outputs the broker rejected (DLQ reason `rejected_by_broker`): expected in
+    /// the DLQ instead of the output, since no replay can tell what a broker will refuse.
+    pub rejected_by_broker: usize,
     /// Outputs read that belong to the audited range.
     pub outputs: usize,
     /// DLQ records read that belong to the audited range.
@@ -201,6 +204,13 @@ impl Report {
             "DLQ expected / read",
             format!("{} / {}", self.expected_dlq, self.dlq),
         );
+        line(
+            "  rejected by broker",
+            format!(
+                "{} (their DLQ copies stand in for outputs)",
+                self.rejected_by_broker
+            ),
+        );
         line("lost", self.lost.to_string());
         line("duplicated", self.duplicated.to_string());
         line("unexpected", self.unexpected.to_string());
@@ -256,6 +266,9 @@ struct Expected {
     value: Option<Vec<u8>>,
 }
 
+/// The DLQ reason of a record whose output the broker rejected.
+const REJECTED: &str = crate::transform::Reason::RejectedByBroker.as_str();
+
 /// Checks a history against a replay of `transform`.
 pub fn analyze(
     history: &History,
@@ -281,6 +294,16 @@ pub fn analyze(
             .is_some_and(|&(start, end)| o >= start && o < end)
     };
 
+    // Inputs the broker refused outputs of: their DLQ copies stand in for the outputs.
+    let rejected: HashSet<(String, i32, i64)> = history
+        .dlq
+        .iter()
+        .filter(|d| d.header(headers::ERROR_REASON) == Some(REJECTED.as_bytes()))
+        .filter_map(|d| d.header(LINEAGE).and_then(headers::parse_lineage))
+        .map(|l| (l.0, l.1, l.2))
+        .collect();
+    r.rejected_by_broker = rejected.len();
+
     // Replay.
     let mut expected: HashMap<Lineage, Expected> = HashMap::new();
     let mut expected_dlq: HashSet<(String, i32, i64)> = HashSet::new();
@@ -292,6 +315,9 @@ pub fn analyze(
             continue;
         }
         match records::outputs(transform, &input.as_input(), true, max_message_bytes) {
+            Ok(_) if on_error == OnError::Dlq && rejected.contains(&id) => {
+                expected_dlq.insert(id);
+            }
             Ok(outs) => {
                 for (i, o) in outs.into_iter().enumerate() {
                     let e = Expected {
@@ -615,6 +641,33 @@ mod tests {
         assert_eq!(r.in_output_and_dlq, 1);
         // The transform works on it, so the DLQ copy is unexpected too.
         assert_eq!(r.unexpected, 1);
+    }
+
+    #[test]
+    fn an_output_the_broker_rejected_is_expected_in_the_dlq() {
+        let mut h = clean();
+        // Input 3's output was rejected: its DLQ copy says so, and no output exists.
+        h.outputs
+            .retain(|o| o.header(LINEAGE) != Some(&b"in/0/3/0"[..]));
+        // Its DLQ copy comes before input 4's.
+        let mut d = output(0, 0, "in/0/3/0", "x");
+        d.topic = "out.dlq".into();
+        d.headers
+            .push((headers::ERROR_REASON.into(), Some(REJECTED.into())));
+        h.dlq[0].offset = 1;
+        h.dlq.insert(0, d.clone());
+        let r = check(&h);
+        assert_eq!(r.anomalies(), 0, "{}", r.summary());
+        assert_eq!((r.rejected_by_broker, r.expected_dlq), (1, 2));
+        // Another reason does not excuse a missing output.
+        d.headers.pop();
+        let mut h2 = clean();
+        h2.outputs
+            .retain(|o| o.header(LINEAGE) != Some(&b"in/0/3/0"[..]));
+        h2.dlq[0].offset = 1;
+        h2.dlq.insert(0, d);
+        let r = check(&h2);
+        assert_eq!((r.lost, r.unexpected), (1, 1), "{}", r.summary());
     }
 
     #[test]

@@ -67,26 +67,30 @@ pub enum Reason {
     TooManyOutputs,
     /// An --envelope output is not a valid envelope.
     BadEnvelope,
+    /// The broker rejected an output for what it is (its size, its bytes, its timestamp).
+    RejectedByBroker,
 }
 
 impl Reason {
     /// Every reason, so the DLQ counter starts at 0 for each.
-    pub const ALL: [Reason; 5] = [
+    pub const ALL: [Reason; 6] = [
         Reason::NotJson,
         Reason::JqError,
         Reason::OutputTooLarge,
         Reason::TooManyOutputs,
         Reason::BadEnvelope,
+        Reason::RejectedByBroker,
     ];
 
     /// Stable name, used in the `exactly.error.reason` header.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Reason::NotJson => "not_json",
             Reason::JqError => "jq_error",
             Reason::OutputTooLarge => "output_too_large",
             Reason::TooManyOutputs => "too_many_outputs",
             Reason::BadEnvelope => "bad_envelope",
+            Reason::RejectedByBroker => "rejected_by_broker",
         }
     }
 }
@@ -94,7 +98,7 @@ impl Reason {
 /// Longest error message kept, in bytes.
 pub const MAX_MESSAGE: usize = 512;
 
-/// A record that cannot be transformed: the reason and a human message.
+/// A record that cannot be transformed (or written): the reason and a human message.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{}: {message}", reason.as_str())]
 pub struct TransformError {
@@ -102,6 +106,8 @@ pub struct TransformError {
     pub reason: Reason,
     /// What went wrong, for the DLQ header and the log.
     pub message: String,
+    /// Kafka's name of the error the broker rejected a copy of the record with, if it did.
+    pub broker: Option<&'static str>,
 }
 
 impl TransformError {
@@ -110,7 +116,22 @@ impl TransformError {
     pub fn new(reason: Reason, message: impl Into<String>) -> Self {
         let mut message = message.into();
         truncate(&mut message, MAX_MESSAGE);
-        TransformError { reason, message }
+        TransformError {
+            reason,
+            message,
+            broker: None,
+        }
+    }
+
+    /// The broker rejected an output of the record with `broker` (Kafka's error name).
+    pub fn rejected(broker: &'static str) -> Self {
+        TransformError {
+            broker: Some(broker),
+            ..TransformError::new(
+                Reason::RejectedByBroker,
+                format!("the broker rejected an output of this record: {broker}"),
+            )
+        }
     }
 }
 

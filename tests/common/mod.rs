@@ -81,13 +81,27 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
 
 /// Creates topics with the given partition counts.
 pub fn create_topics(topics: &[(&str, i32)]) {
+    let with: Vec<_> = topics.iter().map(|&(t, p)| (t, p, &[][..])).collect();
+    create_topics_with(&with);
+}
+
+/// Topic settings: (name, value) pairs.
+pub type TopicConfig<'a> = &'a [(&'a str, &'a str)];
+
+/// Creates topics with the given partition counts and topic configs.
+pub fn create_topics_with(topics: &[(&str, i32, TopicConfig<'_>)]) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .create()
         .unwrap();
     let new: Vec<NewTopic<'_>> = topics
         .iter()
-        .map(|(t, p)| NewTopic::new(t, *p, TopicReplication::Fixed(1)))
+        .map(|(t, p, config)| {
+            config.iter().fold(
+                NewTopic::new(t, *p, TopicReplication::Fixed(1)),
+                |n, (k, v)| n.set(k, v),
+            )
+        })
         .collect();
     let results = block_on(admin.create_topics(&new, &AdminOptions::new())).unwrap();
     for r in results {
@@ -95,7 +109,7 @@ pub fn create_topics(topics: &[(&str, i32)]) {
     }
     // Metadata reaches every client a moment later; wait until the topics are visible.
     let deadline = Instant::now() + Duration::from_secs(30);
-    for (t, p) in topics {
+    for (t, p, _) in topics {
         loop {
             let md = admin
                 .inner()
@@ -141,6 +155,8 @@ pub struct In {
     pub value: Option<Vec<u8>>,
     /// Names as bytes: producers outside Java write names that are not UTF-8.
     pub headers: Vec<(Vec<u8>, Vec<u8>)>,
+    /// CreateTime in ms; `None`: the time of writing.
+    pub timestamp: Option<i64>,
 }
 
 impl In {
@@ -150,6 +166,7 @@ impl In {
             key: Some(key.as_bytes().to_vec()),
             value: Some(serde_json::to_vec(&value).unwrap()),
             headers: vec![],
+            timestamp: None,
         }
     }
 
@@ -159,6 +176,7 @@ impl In {
             key: Some(key.as_bytes().to_vec()),
             value: Some(value.to_vec()),
             headers: vec![],
+            timestamp: None,
         }
     }
 }
@@ -215,6 +233,9 @@ impl Writer {
             }
             if let Some(v) = &r.value {
                 rec = rec.payload(v);
+            }
+            if let Some(ts) = r.timestamp {
+                rec = rec.timestamp(ts);
             }
             loop {
                 match self.0.send(rec) {
