@@ -16,7 +16,7 @@ use prometheus::{
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
-    /// Input records consumed, by topic and partition.
+    /// Input records consumed in committed transactions, by topic and partition.
     pub records_consumed: IntCounterVec,
     /// Output records produced (committed or not), by topic.
     pub records_produced: IntCounterVec,
@@ -269,27 +269,15 @@ impl Metrics {
     }
 }
 
-/// The per-record counters, looked up once per topic (and partition) instead of per record:
-/// a labelled look-up hashes the label values, and the partition label is a formatted number.
+/// The per-record counter, looked up once per topic instead of per record: a labelled look-up
+/// hashes the label values. (Records consumed, filtered and dead-lettered are counted per
+/// transaction, when it commits.)
 #[derive(Default)]
 pub struct RecordCounters {
-    consumed: HashMap<String, HashMap<i32, IntCounter>>,
     produced: HashMap<String, IntCounter>,
 }
 
 impl RecordCounters {
-    /// `exactly_records_consumed_total{topic, partition}`.
-    pub fn consumed(&mut self, m: &Metrics, topic: &str, partition: i32) -> &IntCounter {
-        if !self.consumed.contains_key(topic) {
-            self.consumed.insert(topic.to_string(), HashMap::new());
-        }
-        let partitions = self.consumed.get_mut(topic).expect("inserted above");
-        partitions.entry(partition).or_insert_with(|| {
-            m.records_consumed
-                .with_label_values(&[topic, &partition.to_string()])
-        })
-    }
-
     /// `exactly_records_produced_total{topic}`.
     pub fn produced(&mut self, m: &Metrics, topic: &str) -> &IntCounter {
         if !self.produced.contains_key(topic) {
@@ -336,11 +324,9 @@ mod tests {
     fn cached_counters_are_the_registered_ones() {
         let m = Metrics::new();
         let mut c = RecordCounters::default();
-        c.consumed(&m, "in", 2).inc();
-        c.consumed(&m, "in", 2).inc();
-        c.produced(&m, "out").inc_by(3);
+        c.produced(&m, "out").inc();
+        c.produced(&m, "out").inc_by(2);
         let text = m.render();
-        assert!(text.contains(r#"exactly_records_consumed_total{partition="2",topic="in"} 2"#));
         assert!(text.contains(r#"exactly_records_produced_total{topic="out"} 3"#));
     }
 

@@ -328,9 +328,6 @@ impl Pipeline<'_> {
                     bytes,
                     timestamp: input.timestamp,
                 });
-                self.counters
-                    .consumed(driver.metrics(), input.topic, input.partition)
-                    .inc();
                 Ok(())
             }
             // Rewound before the next record.
@@ -366,7 +363,7 @@ impl Pipeline<'_> {
         alone: bool,
     ) -> Result<(), SendError> {
         if outputs.is_empty() {
-            driver.metrics().records_filtered.inc();
+            driver.filtered();
         }
         let source = source(input, Copy::Output);
         for mut o in outputs {
@@ -407,11 +404,7 @@ impl Pipeline<'_> {
                         input.timestamp,
                     ),
                 };
-                driver
-                    .metrics()
-                    .records_dlq
-                    .with_label_values(&[err.reason.as_str()])
-                    .inc();
+                driver.dead_lettered(err.reason);
                 let rec = base_record(&self.config.dlq_topic, &mut d, timestamp);
                 Ok(driver.send(rec, source(input, copy), alone))
             }

@@ -225,11 +225,17 @@ struct OpenTxn {
     began: Instant,
     records: u64,
     bytes: u64,
-    /// First offset consumed, and next offset to consume, per topic and partition. Keyed by
-    /// topic first so that the per-record look-up borrows the topic name instead of copying it.
-    offsets: HashMap<String, HashMap<i32, (i64, i64)>>,
+    /// First offset consumed, next offset to consume, and records consumed, per topic and
+    /// partition. Keyed by topic first so that the per-record look-up borrows the topic name
+    /// instead of copying it.
+    offsets: HashMap<String, HashMap<i32, (i64, i64, u64)>>,
     /// Input timestamps (ms since the epoch), for the end-to-end latency at commit.
     timestamps: Vec<i64>,
+    /// Inputs that yielded no output, and DLQ records by reason (index in
+    /// `transform::Reason::ALL`): counted when the transaction commits, so that a record
+    /// replayed after an abort counts once.
+    filtered: u64,
+    dead_lettered: [u64; crate::transform::Reason::ALL.len()],
 }
 
 impl OpenTxn {
@@ -240,6 +246,8 @@ impl OpenTxn {
             bytes: 0,
             offsets: HashMap::new(),
             timestamps: Vec::new(),
+            filtered: 0,
+            dead_lettered: Default::default(),
         }
     }
 
@@ -262,22 +270,26 @@ impl OpenTxn {
         };
         partitions
             .entry(partition)
-            .and_modify(|e| e.1 = offset + 1)
-            .or_insert((offset, offset + 1));
+            .and_modify(|e| {
+                e.1 = offset + 1;
+                e.2 += 1;
+            })
+            .or_insert((offset, offset + 1, 1));
     }
 
     /// What `send_offsets_to_transaction` gets: the next offset of each consumed partition.
     fn next_offsets(&self) -> impl Iterator<Item = (&str, i32, i64)> {
-        self.offsets
-            .iter()
-            .flat_map(|(t, ps)| ps.iter().map(move |(p, (_, next))| (t.as_str(), *p, *next)))
+        self.offsets.iter().flat_map(|(t, ps)| {
+            ps.iter()
+                .map(move |(p, (_, next, _))| (t.as_str(), *p, *next))
+        })
     }
 
     /// Where each consumed partition started in this transaction.
     fn first_offsets(self) -> impl Iterator<Item = (Tp, i64)> {
         self.offsets.into_iter().flat_map(|(t, ps)| {
             ps.into_iter()
-                .map(move |(p, (first, _))| ((t.clone(), p), first))
+                .map(move |(p, (first, _, _))| ((t.clone(), p), first))
         })
     }
 }
@@ -496,6 +508,24 @@ impl TxnDriver {
         }
         self.open = Some(OpenTxn::new());
         Ok(true)
+    }
+
+    /// An input of the open transaction yielded no output.
+    pub fn filtered(&mut self) {
+        if let Some(t) = self.open.as_mut() {
+            t.filtered += 1;
+        }
+    }
+
+    /// An input of the open transaction went to the DLQ for `reason`.
+    pub fn dead_lettered(&mut self, reason: crate::transform::Reason) {
+        if let Some(t) = self.open.as_mut() {
+            let i = crate::transform::Reason::ALL
+                .iter()
+                .position(|r| *r == reason)
+                .unwrap_or_default();
+            t.dead_lettered[i] += 1;
+        }
     }
 
     /// Counts one consumed record into the open transaction (which must be open).
@@ -816,9 +846,22 @@ impl TxnDriver {
         for (topic, partition, next) in t.next_offsets() {
             self.verdicts.committed(topic, partition, next);
         }
-        let (records, committed) = (t.records, t.timestamps);
         self.failures_in_a_row = 0;
         let m = &self.metrics;
+        for (topic, ps) in &t.offsets {
+            for (p, (_, _, n)) in ps {
+                m.records_consumed
+                    .with_label_values(&[topic.as_str(), &p.to_string()])
+                    .inc_by(*n);
+            }
+        }
+        m.records_filtered.inc_by(t.filtered);
+        for (r, n) in crate::transform::Reason::ALL.iter().zip(t.dead_lettered) {
+            if n > 0 {
+                m.records_dlq.with_label_values(&[r.as_str()]).inc_by(n);
+            }
+        }
+        let (records, committed) = (t.records, t.timestamps);
         m.transactions.with_label_values(&["committed"]).inc();
         m.commit_duration.observe(started.elapsed().as_secs_f64());
         m.transaction_records.observe(records as f64);

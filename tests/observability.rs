@@ -235,9 +235,24 @@ fn counters_reconcile_with_the_topics_and_readiness_follows_shutdown() {
 fn forced_aborts_are_counted_by_reason() {
     let topics = Topics::create("obs-abort", 1, 1);
     let group = unique("obs-abort-g");
-    produce(&topics.input, &numbered(1_000, 1));
+    let mut inputs = numbered(1_000, 1);
+    for i in 0..10 {
+        inputs.insert(i * 97, In::raw(0, "bad", b"not json"));
+    }
+    produce(&topics.input, &inputs);
     let mut args = base_args(&topics, &group, "obs-abort-0");
-    args.extend(["--max-records-per-txn", "100", "--test-abort-every", "2"].map(String::from));
+    args.extend(
+        [
+            "--max-records-per-txn",
+            "100",
+            "--test-abort-every",
+            "2",
+            // Filters the ids ending in 7.
+            "--jq",
+            "select(.id % 10 != 7)",
+        ]
+        .map(String::from),
+    );
     let mut ex = Exactly::start(&args);
     let addr = http_addr(&ex);
     wait_all_committed(&group, &topics.input, Duration::from_secs(120));
@@ -269,7 +284,22 @@ fn forced_aborts_are_counted_by_reason() {
     // abort purges what was not sent yet, so the log may hold fewer).
     let written = read_all(&topics.output, "read_uncommitted").len() as f64;
     assert!(metric(&text, "exactly_records_produced_total", &[]) >= written);
-    assert_eq!(read_all(&topics.output, "read_committed").len(), 1_000);
+    assert_eq!(read_all(&topics.output, "read_committed").len(), 900);
+    // Records consumed, filtered and dead-lettered count what committed: a record replayed
+    // after an abort is counted once.
+    assert_eq!(
+        metric(&text, "exactly_records_consumed_total", &[]),
+        1_010.0
+    );
+    assert_eq!(metric(&text, "exactly_records_filtered_total", &[]), 100.0);
+    assert_eq!(
+        metric(
+            &text,
+            "exactly_records_dlq_total",
+            &[("reason", "not_json")]
+        ),
+        10.0
+    );
     ex.signal(Signal::SIGTERM);
     assert_eq!(ex.wait(Duration::from_secs(15)).code(), Some(0));
 }
