@@ -56,6 +56,14 @@ fn without_transactions_every_output_arrives_and_no_marker_is_written() {
     wait_all_committed(&group, &topics.input, Duration::from_secs(120));
     ex.signal(Signal::SIGTERM);
     assert_eq!(ex.wait(Duration::from_secs(15)).code(), Some(0));
+    // Nothing failed: at least once drops a batch (instead of aborting a transaction) only
+    // when something did.
+    assert!(
+        ex.events("batch dropped; rewinding (at least once)")
+            .is_empty(),
+        "{}",
+        ex.log_text()
+    );
 
     let outputs = read_all(&topics.output, "read_uncommitted");
     let expected = expected_outputs(&topics.input, doubled);
@@ -66,7 +74,6 @@ fn without_transactions_every_output_arrives_and_no_marker_is_written() {
     let end: i64 = end_offsets(&topics.output).values().sum();
     assert_eq!(end, outputs.len() as i64);
     assert_eq!(committed(&group, &topics.input), end_offsets(&topics.input));
-    assert!(ex.events("transaction aborted").is_empty());
 }
 
 #[test]
