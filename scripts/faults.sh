@@ -30,7 +30,9 @@ print("| scenario | records | outputs | DLQ | faults injected | aborted records 
 print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     faults = ", ".join(f"{k} ×{v}" for k, v in r["faults"].items()) or "random aborts only"
-    print(f"| {r['scenario']} | {r['records']:,} | {r['outputs']:,} | {r['dlq']:,} | {faults} | "
+    rejected = r.get("rejected_by_broker") or 0
+    dlq = f"{r['dlq']:,}" + (f" ({rejected:,} rejected by the broker)" if rejected else "")
+    print(f"| {r['scenario']} | {r['records']:,} | {r['outputs']:,} | {dlq} | {faults} | "
           f"{r['aborted_records']:,} | {r['aborts_logged']} | {r['producer_recreations']} | "
           f"{r['rebalance_events']} | {r['anomalies']} | {r['longest_recovery_s']:.1f} s | "
           f"{r['settled_after_last_fault_s']:.1f} s |")

@@ -58,10 +58,7 @@ pub fn output(
         OutputHeaders::Set(set) => {
             let mut h = OwnedHeaders::new_with_capacity(set.len() + 1);
             for (key, value) in set.iter().filter(|(k, _)| k != LINEAGE) {
-                h = h.insert(Header {
-                    key,
-                    value: value.as_deref(),
-                });
+                h = raw_headers::add(h, key.as_bytes(), value.as_deref());
             }
             h
         }

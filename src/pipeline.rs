@@ -224,6 +224,10 @@ impl Pipeline<'_> {
                 Some(Err(e)) => self.consumer_error(e)?,
             }
             let mut driver = self.consumer.context().driver();
+            if driver.advance_due(self.consumer, c.commit_interval) && driver.begin()? {
+                // Only control records since the last commit: an offsets-only transaction.
+                driver.commit(self.consumer)?;
+            }
             if driver.should_commit(
                 c.commit_interval,
                 c.max_records_per_txn,
@@ -397,7 +401,8 @@ impl Pipeline<'_> {
                 let (mut d, timestamp) = match copy {
                     Copy::Minimal => {
                         let why = "its dead-letter copy was rejected by the broker";
-                        (records::minimal(input, &err, lineage, why), None)
+                        let max = self.max_message_bytes;
+                        (records::minimal(input, &err, lineage, why, max), None)
                     }
                     _ => (
                         records::dead_letter(input, &err, lineage, self.max_message_bytes),

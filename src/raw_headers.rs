@@ -53,8 +53,10 @@ pub fn of<M: rdkafka::Message<Headers = BorrowedHeaders>>(m: &M) -> Vec<Header<'
     m.headers().map(|h| iter(h).collect()).unwrap_or_default()
 }
 
-/// Adds a header whose name is any bytes.
+/// Adds a header whose name is any bytes (up to a NUL byte, as it would be read back: so that
+/// what is counted against the size limit is what is sent).
 pub fn add(h: OwnedHeaders, name: &[u8], value: Option<&[u8]>) -> OwnedHeaders {
+    let name = name.split(|b| *b == 0).next().unwrap_or_default();
     let ptr = native(h.as_borrowed());
     let (vptr, vlen) = match value {
         Some(v) => (v.as_ptr().cast::<c_void>(), v.len() as isize),

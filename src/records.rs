@@ -111,35 +111,43 @@ pub fn dead_letter<'a>(
     if truncated.size() <= max_message_bytes {
         return truncated;
     }
-    minimal(
-        input,
-        err,
-        lineage,
-        &format!("over message.max.bytes {max_message_bytes}"),
-    )
+    let why = format!("over message.max.bytes {max_message_bytes}");
+    minimal(input, err, lineage, &why, max_message_bytes)
 }
 
 /// The minimal DLQ copy: the reason and source headers only, and `exactly.error.truncated`
-/// saying what was left out and `why`. The pipeline sends it without a timestamp of its own,
-/// so that a topic bounding timestamps takes it too.
+/// saying what was left out and `why`; the error message too, as far as it fits in
+/// `max_message_bytes`. The pipeline sends it without a timestamp of its own, so that a topic
+/// bounding timestamps takes it too.
 pub fn minimal<'a>(
     input: &InputRecord<'_>,
     err: &TransformError,
     lineage: bool,
     why: &str,
+    max_message_bytes: usize,
 ) -> Outgoing<'a> {
     let l = lineage.then(|| headers::lineage(input, 0));
     let note = format!("key, value and headers left out: {why}; read the source record");
-    let headers = headers::reasons(OwnedHeaders::new(), input, err, l.as_deref()).insert(Header {
-        key: headers::ERROR_TRUNCATED,
-        value: Some(&note),
-    });
-    Outgoing {
+    let build = |err: &TransformError| Outgoing {
         topic: None,
         key: None,
         value: None,
-        headers,
+        headers: headers::reasons(OwnedHeaders::new(), input, err, l.as_deref()).insert(Header {
+            key: headers::ERROR_TRUNCATED,
+            value: Some(&note),
+        }),
+    };
+    let out = build(err);
+    let over = out.size().saturating_sub(max_message_bytes);
+    if over == 0 {
+        return out;
     }
+    let mut shorter = err.clone();
+    crate::transform::truncate(
+        &mut shorter.message,
+        err.message.len().saturating_sub(over + 8),
+    );
+    build(&shorter)
 }
 
 #[cfg(test)]
@@ -316,5 +324,143 @@ mod tests {
         assert_eq!((d.key.as_deref(), d.value.as_deref()), (None, None));
         assert!(d.size() <= 1_000, "{}", d.size());
         assert!(d.headers.iter().any(|h| h.key == headers::ERROR_TRUNCATED));
+    }
+}
+
+/// Arbitrary records near the limits: what the pre-check says is what librdkafka does, and a
+/// DLQ copy always fits.
+#[cfg(test)]
+mod properties {
+    use std::sync::OnceLock;
+
+    use proptest::prelude::*;
+    use rdkafka::ClientConfig;
+    use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer, PurgeConfig};
+
+    use super::*;
+    use crate::config::TransformSpec;
+    use crate::transform::Limits;
+
+    const LIMITS: [usize; 3] = [1_000, 1_500, 4_000];
+
+    /// A producer per limit, reaching no broker: `send` only runs librdkafka's own checks.
+    fn producer(max: usize) -> &'static BaseProducer {
+        static P: OnceLock<Vec<BaseProducer>> = OnceLock::new();
+        let all = P.get_or_init(|| {
+            LIMITS
+                .iter()
+                .map(|m| {
+                    ClientConfig::new()
+                        .set("bootstrap.servers", "127.0.0.1:1")
+                        .set("message.max.bytes", m.to_string())
+                        .set("message.timeout.ms", "1000")
+                        .create()
+                        .unwrap()
+                })
+                .collect()
+        });
+        &all[LIMITS.iter().position(|m| *m == max).unwrap()]
+    }
+
+    /// Whether librdkafka takes `o` under `max`.
+    fn librdkafka_takes(o: &Outgoing<'_>, max: usize) -> bool {
+        let p = producer(max);
+        let mut rec = BaseRecord::<[u8], [u8]>::to("t").headers(o.headers.clone());
+        if let Some(k) = o.key.as_deref() {
+            rec = rec.key(k);
+        }
+        if let Some(v) = o.value.as_deref() {
+            rec = rec.payload(v);
+        }
+        let taken = match p.send(rec) {
+            Ok(()) => true,
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge), _)) => false,
+            Err((e, _)) => panic!("unexpected {e}"),
+        };
+        p.purge(PurgeConfig::default().queue());
+        taken
+    }
+
+    fn bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {
+        prop::collection::vec(any::<u8>(), 0..max)
+    }
+
+    prop_compose! {
+        fn record()(
+            key in prop::option::of(bytes(1_200)),
+            value in prop::option::of(bytes(4_200)),
+            headers in prop::collection::vec(
+                (bytes(70), prop::option::of(bytes(300))),
+                0..8,
+            ),
+            offset in 0i64..i64::MAX,
+        ) -> (Option<Vec<u8>>, Option<Vec<u8>>, Vec<(Vec<u8>, Option<Vec<u8>>)>, i64) {
+            (key, value, headers, offset)
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        #[test]
+        fn the_pre_check_is_librdkafkas_and_dead_letters_always_fit(
+            (key, value, headers, offset) in record(),
+            max in prop::sample::select(LIMITS.to_vec()),
+            lineage in any::<bool>(),
+            message in "\\PC{0,600}",
+            long_topic in any::<bool>(),
+        ) {
+            let topic = if long_topic { "t".repeat(249) } else { "in".into() };
+            let input = InputRecord {
+                topic: &topic,
+                partition: 7,
+                offset,
+                timestamp: Some(1),
+                key: key.as_deref(),
+                value: value.as_deref(),
+                headers: headers.iter().map(|(n, v)| (n.as_slice(), v.as_deref())).collect(),
+            };
+            let limits = Limits { max_output_bytes: usize::MAX, max_outputs: 1 };
+            let passthrough = Transform::new(&TransformSpec::Passthrough, limits).unwrap();
+            match outputs(&passthrough, &input, lineage, max) {
+                Ok(outs) => {
+                    prop_assert_eq!(outs.len(), 1);
+                    prop_assert!(outs[0].size() <= max);
+                    prop_assert!(librdkafka_takes(&outs[0], max));
+                }
+                Err(e) => {
+                    prop_assert_eq!(e.reason, Reason::OutputTooLarge);
+                    // Refused exactly when librdkafka would refuse it.
+                    let out = Outgoing {
+                        topic: None,
+                        key: input.key.map(Cow::Borrowed),
+                        value: input.value.map(Cow::Borrowed),
+                        headers: headers::output(
+                            &input,
+                            &crate::transform::OutputHeaders::Input,
+                            lineage.then(|| headers::lineage(&input, 0)).as_deref(),
+                        ),
+                    };
+                    prop_assert!(!librdkafka_takes(&out, max));
+                }
+            }
+            let err = TransformError {
+                broker: Some("MESSAGE_TOO_LARGE"),
+                ..TransformError::new(Reason::JqError, message)
+            };
+            let d = dead_letter(&input, &err, lineage, max);
+            prop_assert!(d.size() <= max, "{} > {max}", d.size());
+            prop_assert!(librdkafka_takes(&d, max));
+            // Only what does not fit is left out.
+            let full = dead_letter(&input, &err, lineage, usize::MAX);
+            if full.size() <= max {
+                prop_assert_eq!(d.value.as_deref(), input.value);
+                prop_assert_eq!(d.key.as_deref(), input.key);
+            }
+            let m = minimal(&input, &err, lineage, "test", max);
+            prop_assert!(m.size() <= max, "{} > {max}", m.size());
+            prop_assert!(librdkafka_takes(&m, max));
+        }
     }
 }

@@ -61,16 +61,19 @@ pub struct Source<'a> {
     pub copy: Copy,
 }
 
-/// The sources of everything the open transaction has sent, by delivery opaque.
+/// The sources of everything the open transaction has sent, by delivery opaque. An opaque is
+/// the transaction's generation in the high 32 bits and the send's index in the low ones, so
+/// that a late report of an earlier transaction never names a record of this one.
 #[derive(Debug, Default)]
 pub struct SentLog {
     /// Input topics, so an entry stores an index instead of a name.
     topics: Vec<String>,
     sent: Vec<(u32, i32, i64, Copy)>,
+    generation: u32,
 }
 
 impl SentLog {
-    /// Logs one send; returns its index, the delivery opaque.
+    /// Logs one send; returns its opaque.
     pub fn push(&mut self, s: Source<'_>) -> usize {
         let t = match self.topics.iter().position(|t| t == s.topic) {
             Some(t) => t,
@@ -80,12 +83,15 @@ impl SentLog {
             }
         };
         self.sent.push((t as u32, s.partition, s.offset, s.copy));
-        self.sent.len() - 1
+        ((self.generation as usize) << 32) | (self.sent.len() - 1)
     }
 
-    /// The source of send `index`.
-    pub fn get(&self, index: usize) -> Option<Source<'_>> {
-        let &(t, partition, offset, copy) = self.sent.get(index)?;
+    /// The source of the send with `opaque`, if it was of this transaction.
+    pub fn get(&self, opaque: usize) -> Option<Source<'_>> {
+        if opaque >> 32 != self.generation as usize {
+            return None;
+        }
+        let &(t, partition, offset, copy) = self.sent.get(opaque & 0xffff_ffff)?;
         Some(Source {
             topic: self.topics.get(t as usize)?,
             partition,
@@ -97,6 +103,7 @@ impl SentLog {
     /// Forgets the sends of a transaction that ended.
     pub fn clear(&mut self) {
         self.sent.clear();
+        self.generation = self.generation.wrapping_add(1);
     }
 }
 
@@ -135,9 +142,14 @@ impl Verdicts {
     }
 
     /// Learns from the rejected sends of an aborted transaction: `(source, code)` of each.
-    /// A lone rejection, or one of a record sent alone, is certain; others make suspects.
+    /// Rejections of one input only (a lone record, or a fan-out whose outputs the broker
+    /// refused together), or of a record sent alone, are certain; others make suspects.
     pub fn learn(&mut self, rejected: &[(Source<'_>, Code)], alone: bool) {
-        let certain = alone || rejected.len() == 1;
+        let one_input = rejected.windows(2).all(|w| {
+            let (a, b) = (w[0].0, w[1].0);
+            (a.topic, a.partition, a.offset) == (b.topic, b.partition, b.offset)
+        });
+        let certain = alone || one_input;
         for (s, code) in rejected {
             let v = if certain {
                 Verdict::Rejected {
@@ -215,6 +227,11 @@ mod tests {
         assert_eq!(log.get(3), None);
         log.clear();
         assert_eq!(log.get(a), None);
+        // A late report of the last transaction does not name this one's first record.
+        let d = log.push(src("in", 2, 1, Copy::Output));
+        assert_eq!(log.get(d), Some(src("in", 2, 1, Copy::Output)));
+        assert_ne!(a, d);
+        assert_eq!(log.get(a), None);
     }
 
     #[test]
@@ -259,6 +276,15 @@ mod tests {
             })
         );
         assert!(matches!(v.get("in", 0, 6), Some(Verdict::Suspect { .. })));
+        // Both outputs of one input (a fan-out) rejected together: certain.
+        v.learn(
+            &[
+                (src("in", 3, 9, Copy::Output), big),
+                (src("in", 3, 9, Copy::Output), big),
+            ],
+            false,
+        );
+        assert!(matches!(v.get("in", 3, 9), Some(Verdict::Rejected { .. })));
     }
 
     #[test]

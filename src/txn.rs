@@ -319,6 +319,11 @@ pub struct TxnDriver {
     sent: SentLog,
     /// What the broker said about inputs whose records it rejected.
     verdicts: Verdicts,
+    /// The offsets the commit in progress sends, and what the last commits sent per
+    /// partition: a position past them (control records) is committed too.
+    committing: HashMap<Tp, i64>,
+    last_committed: HashMap<Tp, i64>,
+    last_advance_check: Instant,
 }
 
 /// Testing only: transactions to abort instead of committing, through the same path as an
@@ -373,6 +378,9 @@ impl TxnDriver {
                         rng: seed(),
                         sent: SentLog::default(),
                         verdicts: Verdicts::default(),
+                        committing: HashMap::new(),
+                        last_committed: HashMap::new(),
+                        last_advance_check: Instant::now(),
                     });
                 }
                 Err(e) => {
@@ -488,6 +496,8 @@ impl TxnDriver {
             return Ok(true);
         }
         self.sent.clear();
+        // Reports of an earlier transaction that came after it was settled name nothing here.
+        self.producer.context().take_rejections();
         if self.guarantee == Guarantee::AtLeastOnce {
             // A batch, not a transaction: failures of earlier batches are settled already.
             self.producer.context().failed.store(0, Ordering::SeqCst);
@@ -678,6 +688,9 @@ impl TxnDriver {
         }
         self.verdicts.learn(&rejected, alone);
         self.sent.clear();
+        // The replay sends something else for those records: progress, not an outage, so the
+        // abort does not add to the back-off.
+        self.failures_in_a_row = 0;
     }
 
     /// Commits the open transaction: offsets first, then EndTxn. Any failure ends in an abort
@@ -701,11 +714,13 @@ impl TxnDriver {
             return Ok(Outcome::Empty);
         };
         let started = Instant::now();
+        let offsets = self.offsets_to_commit(t, consumer);
         let mut tpl = TopicPartitionList::new();
-        for (topic, partition, next) in t.next_offsets() {
-            tpl.add_partition_offset(topic, partition, Offset::Offset(next))
+        for ((topic, partition), next) in &offsets {
+            tpl.add_partition_offset(topic, *partition, Offset::Offset(*next))
                 .map_err(|e| unrecoverable("building the offsets to commit", e))?;
         }
+        self.committing = offsets;
 
         if self.guarantee == Guarantee::AtLeastOnce {
             return self.commit_delivered(consumer, &tpl, started);
@@ -838,11 +853,79 @@ impl TxnDriver {
         Ok(self.committed(started))
     }
 
+    /// The offsets a commit sends: the next offset after each partition's last processed
+    /// record, or the consumer's position when that is further. librdkafka's position passes a
+    /// record only once it handed it to the loop (processed, in this transaction or an earlier
+    /// one) and passes control records (transaction markers, which follow the last record of
+    /// every upstream transaction) as it skips them; after a rewind it is unset until the next
+    /// record. So the position is never past a record not yet processed, and committing it
+    /// keeps the group's offsets from staying one below the end behind every marker
+    /// (KAFKA-6607): tools that read the group's lag would show 1 per partition forever. A
+    /// partition outside the transaction goes in when its position moved past what was last
+    /// committed for it.
+    fn offsets_to_commit<X: ConsumerContext, C: Consumer<X>>(
+        &self,
+        t: &OpenTxn,
+        consumer: &C,
+    ) -> HashMap<Tp, i64> {
+        let mut offsets: HashMap<Tp, i64> = t
+            .next_offsets()
+            .map(|(topic, p, next)| ((topic.to_string(), p), next))
+            .collect();
+        let Ok(positions) = consumer.position() else {
+            return offsets;
+        };
+        for e in positions.elements() {
+            let Offset::Offset(pos) = e.offset() else {
+                continue;
+            };
+            let tp = (e.topic().to_string(), e.partition());
+            match offsets.get_mut(&tp) {
+                Some(next) => *next = (*next).max(pos),
+                None if self.last_committed.get(&tp).is_none_or(|c| pos > *c) => {
+                    offsets.insert(tp, pos);
+                }
+                None => {}
+            }
+        }
+        offsets
+    }
+
+    /// No transaction is open, and the consumer's position passed control records (the marker
+    /// after an upstream transaction) beyond what was last committed: an offsets-only
+    /// transaction moves the group there. Checked at most once per `interval`.
+    pub fn advance_due<X: ConsumerContext, C: Consumer<X>>(
+        &mut self,
+        consumer: &C,
+        interval: Duration,
+    ) -> bool {
+        // With a rewind pending the position is past records that must come again.
+        if self.open.is_some()
+            || self.rewind.is_some()
+            || self.last_advance_check.elapsed() < interval
+        {
+            return false;
+        }
+        self.last_advance_check = Instant::now();
+        let Ok(positions) = consumer.position() else {
+            return false;
+        };
+        positions.elements().iter().any(|e| {
+            let Offset::Offset(pos) = e.offset() else {
+                return false;
+            };
+            let tp = (e.topic().to_string(), e.partition());
+            self.last_committed.get(&tp).is_none_or(|c| pos > *c)
+        })
+    }
+
     /// Bookkeeping of a successful commit.
     fn committed(&mut self, started: Instant) -> Outcome {
         let Some(t) = self.open.take() else {
             return Outcome::Empty;
         };
+        self.last_committed
+            .extend(std::mem::take(&mut self.committing));
         for (topic, partition, next) in t.next_offsets() {
             self.verdicts.committed(topic, partition, next);
         }

@@ -8,6 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use rdkafka::producer::Producer;
 use serde_json::{Value, json};
 
 const DOUBLE: &str = "{id, doubled: (.n * 2)}";
@@ -163,4 +164,38 @@ fn a_failed_send_on_a_fresh_group_loses_nothing() {
     let outputs = read_all(&topics.output, "read_committed");
     let expected = expected_outputs(&topics.input, doubled);
     assert_eq!(assert_exactly_once(&outputs, &expected), 18);
+}
+
+/// A transactional upstream leaves a marker after every transaction. The group's offsets must
+/// end past the last one (the consumer's position), or every tool that reads the group's lag
+/// shows 1 per partition forever; and never past a record not processed.
+#[test]
+fn offsets_pass_the_markers_of_a_transactional_upstream() {
+    let topics = Topics::create("markers", 2, 2);
+    let group = unique("markers-g");
+    let records = numbered(25, 2);
+    let upstream = Writer::transactional(&unique("upstream"));
+    let p = upstream.producer();
+    for (range, commit) in [(0..10, true), (10..15, false), (15..25, true)] {
+        p.begin_transaction().unwrap();
+        upstream.write(&topics.input, &records[range]);
+        if commit {
+            p.commit_transaction(Duration::from_secs(30)).unwrap();
+        } else {
+            p.abort_transaction(Duration::from_secs(30)).unwrap();
+        }
+    }
+
+    let mut args = base_args(&topics, &group, "markers-0");
+    args.extend(["--jq", DOUBLE].map(String::from));
+    let mut ex = Exactly::start(&args);
+    // The end offsets count the markers: 3 per partition.
+    wait_all_committed(&group, &topics.input, Duration::from_secs(60));
+    ex.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(ex.wait(Duration::from_secs(15)).success());
+    assert_eq!(committed(&group, &topics.input), end_offsets(&topics.input));
+
+    let outputs = read_all(&topics.output, "read_committed");
+    let expected = expected_outputs(&topics.input, doubled);
+    assert_eq!(assert_exactly_once(&outputs, &expected), 20);
 }

@@ -5,7 +5,10 @@
 //! records out to two outputs, into 3 output partitions — while a generator writes the input
 //! at a steady rate and faults are injected. It passes when the audit finds 0 lost, 0
 //! duplicated, 0 unexpected, order held, and the group's lag is 0 with the last stable offset
-//! equal to the high watermark on every output partition within 60 s of the last fault.
+//! equal to the high watermark on every output partition within 60 s of the last fault. The
+//! storm adds hostile records: one in 500 with a timestamp ten days ahead, which the output
+//! topic (bounded to a day) rejects, so it must reach the DLQ as `rejected_by_broker`; one in
+//! 500 with a header name that is not UTF-8.
 //!
 //! Profiles (`EXACTLY_FAULT_PROFILE`): `reduced` (default, in CI: every fault kind at least
 //! once, about 3,000 records a scenario) and `full` (`scripts/faults.sh`: 100,000 records a
@@ -40,6 +43,9 @@ struct Profile {
     membership_changes: usize,
     change_every: (u64, u64),
     broker_kills: usize,
+    /// Hostile records too (the storm): a far-future timestamp the output topic refuses
+    /// every 500 records, a header name that is not UTF-8 every 500.
+    hostile: bool,
 }
 
 fn profile() -> Profile {
@@ -53,6 +59,7 @@ fn profile() -> Profile {
             membership_changes: 10,
             change_every: (10_000, 20_000),
             broker_kills: 2,
+            hostile: false,
         },
         _ => Profile {
             name: "reduced",
@@ -63,18 +70,37 @@ fn profile() -> Profile {
             membership_changes: 4,
             change_every: (2_000, 4_000),
             broker_kills: 1,
+            hostile: false,
         },
     }
 }
 
-fn record(i: usize) -> In {
+fn record(i: usize, hostile: bool) -> In {
     let p = (i % 6) as i32;
     let key = format!("k{i}");
-    match i % 100 {
+    let mut r = match i % 100 {
         37 => In::raw(p, &key, format!("not json {i}").as_bytes()),
         73 => In::json(p, &key, json!({"seq": i, "n": "x"})),
         _ => In::json(p, &key, json!({"seq": i, "n": i, "fan": i % 10 == 0})),
+    };
+    if hostile && rejected(i) {
+        // Ten days ahead: the output topic takes a day at most, the broker rejects it.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        r.timestamp = Some(now + 10 * 86_400_000);
     }
+    if hostile && i % 500 == 251 {
+        r.headers
+            .push((b"\xff\xfe binary name".to_vec(), b"v".to_vec()));
+    }
+    r
+}
+
+/// The records of a hostile run whose outputs the broker rejects.
+fn rejected(i: usize) -> bool {
+    i % 500 == 250
 }
 
 /// Writes the workload at a steady rate; returns when all is written.
@@ -86,7 +112,7 @@ fn generator(topic: String, profile: Profile) -> JoinHandle<Instant> {
         let mut i = 0;
         while i < profile.records {
             let n = batch.min(profile.records - i);
-            let records: Vec<In> = (i..i + n).map(record).collect();
+            let records: Vec<In> = (i..i + n).map(|i| record(i, profile.hostile)).collect();
             writer.write(&topic, &records);
             i += n;
             let due = start + Duration::from_secs_f64(i as f64 / profile.per_second as f64);
@@ -120,14 +146,40 @@ struct Run {
 
 impl Run {
     fn new(name: &str, instances: usize, extra: &[&str]) -> Run {
-        Self::scaled(name, instances, extra, 1)
+        Self::scaled(name, instances, extra, 1, false)
     }
 
-    /// A run whose input is `scale` times the profile's (and lasts that much longer).
-    fn scaled(name: &str, instances: usize, extra: &[&str], scale: usize) -> Run {
+    /// A run whose input is `scale` times the profile's (and lasts that much longer), with
+    /// hostile records or not.
+    fn scaled(name: &str, instances: usize, extra: &[&str], scale: usize, hostile: bool) -> Run {
         let mut profile = profile();
         profile.records *= scale;
-        let topics = Topics::create(name, 6, 3);
+        profile.hostile = hostile;
+        let topics = if hostile {
+            // The output topic bounds timestamps to a day either way; input and DLQ do not.
+            let output = unique(&format!("{name}-out"));
+            let topics = Topics {
+                input: unique(&format!("{name}-in")),
+                dlq: format!("{output}.dlq"),
+                output,
+            };
+            let unbounded: TopicConfig<'_> = &[
+                ("message.timestamp.after.max.ms", "9223372036854775807"),
+                ("message.timestamp.before.max.ms", "9223372036854775807"),
+            ];
+            let day: TopicConfig<'_> = &[
+                ("message.timestamp.after.max.ms", "86400000"),
+                ("message.timestamp.before.max.ms", "86400000"),
+            ];
+            create_topics_with(&[
+                (&topics.input, 6, unbounded),
+                (&topics.output, 3, day),
+                (&topics.dlq, 1, unbounded),
+            ]);
+            topics
+        } else {
+            Topics::create(name, 6, 3)
+        };
         let group = unique(&format!("{name}-g"));
         let generator = Some(generator(topics.input.clone(), profile));
         let mut run = Run {
@@ -350,7 +402,11 @@ impl Run {
         let poison = (0..self.profile.records)
             .filter(|i| i % 100 == 37 || i % 100 == 73)
             .count();
-        assert_eq!(report["dlq"], poison);
+        let rejected = (0..self.profile.records)
+            .filter(|&i| self.profile.hostile && rejected(i))
+            .count();
+        assert_eq!(report["rejected_by_broker"], rejected, "{report:#}");
+        assert_eq!(report["dlq"], poison + rejected);
 
         let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
         for f in &self.faults {
@@ -368,6 +424,7 @@ impl Run {
             "records": self.profile.records,
             "outputs": report["outputs"],
             "dlq": report["dlq"],
+            "rejected_by_broker": report["rejected_by_broker"],
             "aborted_records": report["aborted"],
             "faults": kinds,
             "aborts_logged": self.events("transaction aborted"),
@@ -582,7 +639,7 @@ fn storm() {
     // restart alone take about 25 s (5× in the reduced profile: 100 s of input; 3× in full).
     let extra = ["--test-abort-probability", "0.33", "--static-membership"];
     let scale = if p.name == "full" { 3 } else { 5 };
-    let mut run = Run::scaled("f-storm", 3, &extra, scale);
+    let mut run = Run::scaled("f-storm", 3, &extra, scale, true);
     let mut rng = rand::rng();
     let mut plan: Vec<&str> = Vec::new();
     plan.extend(std::iter::repeat_n("kill", p.kills.div_ceil(2)));
