@@ -27,7 +27,7 @@ use crate::lag::Positions;
 use crate::metrics::{Metrics, RecordCounters};
 use crate::raw_headers;
 use crate::records::{self, Outgoing};
-use crate::rejected::{Copy, Source, Verdict};
+use crate::rejected::{Form, Source, Verdict};
 use crate::transform::{InputRecord, Transform, TransformError};
 use crate::txn::{Consumed, Outcome, Reason, SendError, Tp, TxnDriver};
 
@@ -209,13 +209,11 @@ impl Pipeline<'_> {
                     return Err(e);
                 }
             }
-            if let Some(Ok(msg)) = &polled {
-                // Polled while a rewind is pending: from before the rewind point, so it must
-                // come again, even from a partition without a committed offset.
-                let mut driver = self.consumer.context().driver();
-                driver.rewind_also(msg.topic(), msg.partition(), msg.offset());
-            }
-            if self.rewind_if_pending(health, shutdown)? {
+            let at = match &polled {
+                Some(Ok(msg)) => Some((msg.topic(), msg.partition(), msg.offset())),
+                _ => None,
+            };
+            if self.rewind_if_pending(at, health, shutdown)? {
                 continue;
             }
             match polled {
@@ -238,7 +236,7 @@ impl Pipeline<'_> {
                     debug!(records, "transaction committed");
                 }
                 drop(driver);
-                self.rewind_if_pending(health, shutdown)?;
+                self.rewind_if_pending(None, health, shutdown)?;
             }
         }
         Ok(())
@@ -283,7 +281,7 @@ impl Pipeline<'_> {
         let sent = match (verdict, result) {
             (None, Ok(outputs)) => self.send_outputs(&mut driver, &input, outputs, false),
             (None, Err(err)) => {
-                self.bad_record(&mut driver, &input, err, Copy::DeadLetter, false)?
+                self.bad_record(&mut driver, &input, err, Form::DeadLetter, false)?
             }
             (Some(Verdict::Suspect { .. }), Ok(outputs)) => {
                 // Rejected in a batch with others: each output goes alone, to find out.
@@ -294,13 +292,13 @@ impl Pipeline<'_> {
                 sent
             }
             (Some(Verdict::Suspect { .. }), Err(err)) => {
-                let sent = self.bad_record(&mut driver, &input, err, Copy::DeadLetter, true)?;
+                let sent = self.bad_record(&mut driver, &input, err, Form::DeadLetter, true)?;
                 if sent.is_ok() {
                     driver.cleared(input.topic, p, o);
                 }
                 sent
             }
-            (Some(Verdict::Rejected { code, copy }), result) => {
+            (Some(Verdict::Rejected { code, copy, alone }), result) => {
                 let broker = rejected_record(code).unwrap_or("UNKNOWN");
                 let err = match result {
                     Err(mut e) => {
@@ -311,16 +309,17 @@ impl Pipeline<'_> {
                 };
                 let next = copy.next().unwrap_or_else(|| {
                     // Not the record's fault: the dead-letter topic refuses even reason
-                    // headers. The copy is rejected again; the aborts back off meanwhile.
+                    // headers. The copy is rejected again, and the aborts back off (the
+                    // rejection teaches nothing new).
                     error!(
                         topic = input.topic, partition = p, offset = o, error = broker,
                         dlq = %self.config.dlq_topic,
                         "the dead-letter topic rejected even the minimal copy of a record; \
                          retrying with backoff: check that topic's settings"
                     );
-                    Copy::Minimal
+                    Form::Minimal
                 });
-                self.bad_record(&mut driver, &input, err, next, false)?
+                self.bad_record(&mut driver, &input, err, next, alone)?
             }
         };
         match sent {
@@ -369,7 +368,7 @@ impl Pipeline<'_> {
         if outputs.is_empty() {
             driver.filtered();
         }
-        let source = source(input, Copy::Output);
+        let source = source(input, Form::Output);
         for mut o in outputs {
             let routed = o.topic.take();
             let topic = routed.as_deref().unwrap_or(&self.config.output_topic);
@@ -387,7 +386,7 @@ impl Pipeline<'_> {
         driver: &mut TxnDriver,
         input: &InputRecord<'_>,
         err: TransformError,
-        copy: Copy,
+        copy: Form,
         alone: bool,
     ) -> Result<Result<(), SendError>, Error> {
         let (topic, partition, offset) = (input.topic, input.partition, input.offset);
@@ -399,7 +398,7 @@ impl Pipeline<'_> {
                 );
                 let lineage = self.config.lineage;
                 let (mut d, timestamp) = match copy {
-                    Copy::Minimal => {
+                    Form::Minimal => {
                         let why = "its dead-letter copy was rejected by the broker";
                         let max = self.max_message_bytes;
                         (records::minimal(input, &err, lineage, why, max), None)
@@ -458,12 +457,22 @@ impl Pipeline<'_> {
 
     /// Seeks every owned partition back to its committed offset, if an abort asked for it.
     /// Returns whether it rewound.
+    /// `polled`: a record polled this turn, which a pending rewind must bring back too (it is
+    /// from before the rewind point), even from a partition without a committed offset.
     fn rewind_if_pending(
         &self,
+        polled: Option<(&str, i32, i64)>,
         health: &Health,
         shutdown: &CancellationToken,
     ) -> Result<bool, Error> {
-        let Some(firsts) = self.consumer.context().driver().take_rewind() else {
+        let firsts = {
+            let mut driver = self.consumer.context().driver();
+            if let Some((topic, partition, offset)) = polled {
+                driver.rewind_also(topic, partition, offset);
+            }
+            driver.take_rewind()
+        };
+        let Some(firsts) = firsts else {
             return Ok(false);
         };
         let timeout = self.config.transaction_timeout;
@@ -582,7 +591,7 @@ fn base_record<'a>(
 }
 
 /// Where a record sent for `input` came from.
-fn source<'a>(input: &InputRecord<'a>, copy: Copy) -> Source<'a> {
+fn source<'a>(input: &InputRecord<'a>, copy: Form) -> Source<'a> {
     Source {
         topic: input.topic,
         partition: input.partition,

@@ -27,7 +27,7 @@ use rdkafka::error::RDKafkaErrorCode as Code;
 
 /// Which copy of an input record a send was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Copy {
+pub enum Form {
     /// An output of the transform.
     Output,
     /// The dead-letter copy: the input with the reason headers.
@@ -36,14 +36,14 @@ pub enum Copy {
     Minimal,
 }
 
-impl Copy {
+impl Form {
     /// What the replay sends after this copy was rejected, or `None` when nothing smaller is
     /// left.
-    pub fn next(self) -> Option<Copy> {
+    pub fn next(self) -> Option<Form> {
         match self {
-            Copy::Output => Some(Copy::DeadLetter),
-            Copy::DeadLetter => Some(Copy::Minimal),
-            Copy::Minimal => None,
+            Form::Output => Some(Form::DeadLetter),
+            Form::DeadLetter => Some(Form::Minimal),
+            Form::Minimal => None,
         }
     }
 }
@@ -58,7 +58,7 @@ pub struct Source<'a> {
     /// Input offset.
     pub offset: i64,
     /// Which copy was sent.
-    pub copy: Copy,
+    pub copy: Form,
 }
 
 /// The sources of everything the open transaction has sent, by delivery opaque. An opaque is
@@ -68,13 +68,14 @@ pub struct Source<'a> {
 pub struct SentLog {
     /// Input topics, so an entry stores an index instead of a name.
     topics: Vec<String>,
-    sent: Vec<(u32, i32, i64, Copy)>,
+    sent: Vec<(u32, i32, i64, Form)>,
     generation: u32,
 }
 
 impl SentLog {
     /// Logs one send; returns its opaque.
     pub fn push(&mut self, s: Source<'_>) -> usize {
+        const { assert!(usize::BITS >= 64, "the opaque packs two 32-bit numbers") };
         let t = match self.topics.iter().position(|t| t == s.topic) {
             Some(t) => t,
             None => {
@@ -115,14 +116,16 @@ pub enum Verdict {
         /// The broker's code.
         code: Code,
         /// The copy that was rejected.
-        copy: Copy,
+        copy: Form,
     },
-    /// Rejected alone: its own fault.
+    /// Rejected for its own fault: the replay sends the next form.
     Rejected {
         /// The broker's code.
         code: Code,
-        /// The copy that was rejected.
-        copy: Copy,
+        /// The form that was rejected.
+        copy: Form,
+        /// The next form was refused too, together with others: send it again, alone.
+        alone: bool,
     },
 }
 
@@ -141,37 +144,40 @@ impl Verdicts {
         self.by_topic.get(topic)?.get(&(partition, offset)).copied()
     }
 
-    /// Learns from the rejected sends of an aborted transaction: `(source, code)` of each.
-    /// Rejections of one input only (a lone record, or a fan-out whose outputs the broker
-    /// refused together), or of a record sent alone, are certain; others make suspects.
-    pub fn learn(&mut self, rejected: &[(Source<'_>, Code)], alone: bool) {
+    /// Learns from the rejected sends of an aborted transaction: `(source, code)` of each;
+    /// returns whether any verdict is new. A rejection is certain when it is the only one
+    /// (batch-wide errors fail every record of the batch, so a lone one was alone in it), when
+    /// the record was sent alone, or when the broker named each bad record (KIP-467:
+    /// `INVALID_RECORD` when a batch had several) and all are of one input (a fan-out's
+    /// outputs). Others make suspects, sent alone on the replay.
+    pub fn learn(&mut self, rejected: &[(Source<'_>, Code)], alone: bool) -> bool {
         let one_input = rejected.windows(2).all(|w| {
             let (a, b) = (w[0].0, w[1].0);
             (a.topic, a.partition, a.offset) == (b.topic, b.partition, b.offset)
         });
-        let certain = alone || one_input;
-        for (s, code) in rejected {
-            let v = if certain {
-                Verdict::Rejected {
-                    code: *code,
+        let named = rejected.iter().all(|(_, c)| *c == Code::InvalidRecord);
+        let certain = alone || rejected.len() == 1 || (one_input && named);
+        let mut changed = false;
+        for &(s, code) in rejected {
+            let known = self.get(s.topic, s.partition, s.offset);
+            let v = match known {
+                _ if certain => Verdict::Rejected {
+                    code,
                     copy: s.copy,
-                }
-            } else {
-                match self.get(s.topic, s.partition, s.offset) {
-                    // Already known (its dead-letter copy was sent in a batch that failed):
-                    // what was rejected now is the copy.
-                    Some(Verdict::Rejected { .. }) => Verdict::Rejected {
-                        code: *code,
-                        copy: s.copy,
-                    },
-                    _ => Verdict::Suspect {
-                        code: *code,
-                        copy: s.copy,
-                    },
-                }
+                    alone: false,
+                },
+                // Rejected before; now its next form was refused together with others.
+                Some(Verdict::Rejected { code, copy, .. }) => Verdict::Rejected {
+                    code,
+                    copy,
+                    alone: true,
+                },
+                _ => Verdict::Suspect { code, copy: s.copy },
             };
+            changed |= known != Some(v);
             self.set(s.topic, s.partition, s.offset, v);
         }
+        changed
     }
 
     /// Clears a suspect whose outputs all went through alone.
@@ -206,7 +212,7 @@ impl Verdicts {
 mod tests {
     use super::*;
 
-    fn src(topic: &str, partition: i32, offset: i64, copy: Copy) -> Source<'_> {
+    fn src(topic: &str, partition: i32, offset: i64, copy: Form) -> Source<'_> {
         Source {
             topic,
             partition,
@@ -218,18 +224,18 @@ mod tests {
     #[test]
     fn the_log_maps_opaques_back_to_inputs() {
         let mut log = SentLog::default();
-        let a = log.push(src("in", 0, 7, Copy::Output));
-        let b = log.push(src("other", 3, 9, Copy::DeadLetter));
-        let c = log.push(src("in", 1, 8, Copy::Output));
-        assert_eq!(log.get(a), Some(src("in", 0, 7, Copy::Output)));
-        assert_eq!(log.get(b), Some(src("other", 3, 9, Copy::DeadLetter)));
-        assert_eq!(log.get(c), Some(src("in", 1, 8, Copy::Output)));
+        let a = log.push(src("in", 0, 7, Form::Output));
+        let b = log.push(src("other", 3, 9, Form::DeadLetter));
+        let c = log.push(src("in", 1, 8, Form::Output));
+        assert_eq!(log.get(a), Some(src("in", 0, 7, Form::Output)));
+        assert_eq!(log.get(b), Some(src("other", 3, 9, Form::DeadLetter)));
+        assert_eq!(log.get(c), Some(src("in", 1, 8, Form::Output)));
         assert_eq!(log.get(3), None);
         log.clear();
         assert_eq!(log.get(a), None);
         // A late report of the last transaction does not name this one's first record.
-        let d = log.push(src("in", 2, 1, Copy::Output));
-        assert_eq!(log.get(d), Some(src("in", 2, 1, Copy::Output)));
+        let d = log.push(src("in", 2, 1, Form::Output));
+        assert_eq!(log.get(d), Some(src("in", 2, 1, Form::Output)));
         assert_ne!(a, d);
         assert_eq!(log.get(a), None);
     }
@@ -238,33 +244,35 @@ mod tests {
     fn a_lone_rejection_is_certain_and_several_are_suspects() {
         let big = Code::MessageSizeTooLarge;
         let mut v = Verdicts::default();
-        v.learn(&[(src("in", 0, 5, Copy::Output), big)], false);
+        assert!(v.learn(&[(src("in", 0, 5, Form::Output), big)], false));
         assert_eq!(
             v.get("in", 0, 5),
             Some(Verdict::Rejected {
                 code: big,
-                copy: Copy::Output
+                copy: Form::Output,
+                alone: false,
             })
         );
         v.learn(
             &[
-                (src("in", 1, 1, Copy::Output), big),
-                (src("in", 1, 2, Copy::Output), big),
+                (src("in", 1, 1, Form::Output), big),
+                (src("in", 1, 2, Form::Output), big),
             ],
             false,
         );
         assert!(matches!(v.get("in", 1, 1), Some(Verdict::Suspect { .. })));
         assert!(matches!(v.get("in", 1, 2), Some(Verdict::Suspect { .. })));
         // Alone, a suspect's rejection is certain.
-        v.learn(&[(src("in", 1, 2, Copy::Output), big)], true);
+        v.learn(&[(src("in", 1, 2, Form::Output), big)], true);
         assert!(matches!(v.get("in", 1, 2), Some(Verdict::Rejected { .. })));
         v.clear("in", 1, 1);
         assert_eq!(v.get("in", 1, 1), None);
-        // A rejected input's dead-letter copy, rejected in a batch with others, is certain.
+        // A rejected input's dead-letter copy, refused in a batch with others: that copy goes
+        // again, alone.
         v.learn(
             &[
-                (src("in", 0, 5, Copy::DeadLetter), big),
-                (src("in", 0, 6, Copy::Output), big),
+                (src("in", 0, 5, Form::DeadLetter), big),
+                (src("in", 0, 6, Form::Output), big),
             ],
             false,
         );
@@ -272,27 +280,57 @@ mod tests {
             v.get("in", 0, 5),
             Some(Verdict::Rejected {
                 code: big,
-                copy: Copy::DeadLetter
+                copy: Form::Output,
+                alone: true,
             })
         );
         assert!(matches!(v.get("in", 0, 6), Some(Verdict::Suspect { .. })));
-        // Both outputs of one input (a fan-out) rejected together: certain.
+        // Alone, it is certain.
+        v.learn(&[(src("in", 0, 5, Form::DeadLetter), big)], true);
+        assert!(matches!(
+            v.get("in", 0, 5),
+            Some(Verdict::Rejected {
+                copy: Form::DeadLetter,
+                alone: false,
+                ..
+            })
+        ));
+        // Both outputs of one input (a fan-out) named by the broker: certain.
+        let named = Code::InvalidRecord;
         v.learn(
             &[
-                (src("in", 3, 9, Copy::Output), big),
-                (src("in", 3, 9, Copy::Output), big),
+                (src("in", 3, 9, Form::Output), named),
+                (src("in", 3, 9, Form::Output), named),
             ],
             false,
         );
         assert!(matches!(v.get("in", 3, 9), Some(Verdict::Rejected { .. })));
+        // A fan-out in a batch over the topic's size: every output fails with the batch, so
+        // one of them alone may well fit. Suspects.
+        v.learn(
+            &[
+                (src("in", 4, 1, Form::Output), big),
+                (src("in", 4, 1, Form::Output), big),
+            ],
+            false,
+        );
+        assert!(matches!(v.get("in", 4, 1), Some(Verdict::Suspect { .. })));
+        // Learning the same again is no news.
+        assert!(!v.learn(
+            &[
+                (src("in", 4, 1, Form::Output), big),
+                (src("in", 4, 1, Form::Output), big),
+            ],
+            false,
+        ));
     }
 
     #[test]
     fn committed_positions_are_forgotten() {
         let big = Code::MessageSizeTooLarge;
         let mut v = Verdicts::default();
-        v.learn(&[(src("in", 0, 5, Copy::Output), big)], true);
-        v.learn(&[(src("in", 1, 5, Copy::Output), big)], true);
+        v.learn(&[(src("in", 0, 5, Form::Output), big)], true);
+        v.learn(&[(src("in", 1, 5, Form::Output), big)], true);
         v.committed("in", 0, 5);
         assert!(v.get("in", 0, 5).is_some(), "not yet committed");
         v.committed("in", 0, 6);
@@ -304,8 +342,8 @@ mod tests {
 
     #[test]
     fn copies_shrink_to_nothing() {
-        assert_eq!(Copy::Output.next(), Some(Copy::DeadLetter));
-        assert_eq!(Copy::DeadLetter.next(), Some(Copy::Minimal));
-        assert_eq!(Copy::Minimal.next(), None);
+        assert_eq!(Form::Output.next(), Some(Form::DeadLetter));
+        assert_eq!(Form::DeadLetter.next(), Some(Form::Minimal));
+        assert_eq!(Form::Minimal.next(), None);
     }
 }

@@ -555,14 +555,12 @@ impl TxnDriver {
         source: Source<'_>,
         alone: bool,
     ) -> Result<(), SendError> {
-        if alone {
-            self.flush_alone();
-            if self.has_rejections() {
-                // Something sent before it was rejected: learn from that first.
-                self.abort(Reason::ProduceFailed)
-                    .map_err(SendError::Fatal)?;
-                return Err(SendError::Aborted);
-            }
+        let flushed = alone && self.flush_alone();
+        if alone && self.has_rejections() {
+            // Something sent before it was rejected: learn from that first.
+            self.abort(Reason::ProduceFailed)
+                .map_err(SendError::Fatal)?;
+            return Err(SendError::Aborted);
         }
         if self.test_fail_sends > 0 {
             self.test_fail_sends -= 1;
@@ -580,7 +578,7 @@ impl TxnDriver {
                         .pending
                         .fetch_add(1, Ordering::SeqCst);
                     if alone {
-                        return self.check_alone();
+                        return self.check_alone(flushed);
                     }
                     return Ok(());
                 }
@@ -617,22 +615,23 @@ impl TxnDriver {
     }
 
     /// Waits (within the call timeout) until every record sent so far is delivered or failed,
-    /// so that what is sent next goes out in a batch of its own.
-    fn flush_alone(&mut self) {
+    /// so that what is sent next goes out in a batch of its own. Whether it got there.
+    fn flush_alone(&mut self) -> bool {
         let _g = self.health.in_call("flush");
         if let Err(e) = flush(&self.producer, self.timeout()) {
-            debug!(error = %e, "flush before a record sent alone");
+            debug!(error = %e, "flush around a record sent alone");
         }
-        self.wait_for_reports(self.timeout());
+        self.wait_for_reports(self.timeout())
     }
 
-    /// After a record sent alone: its delivery report decides.
-    fn check_alone(&mut self) -> Result<(), SendError> {
-        self.flush_alone();
+    /// After a record sent alone: its delivery report decides. `flushed`: nothing else was in
+    /// flight when it was sent, so a rejection now is certainly its own.
+    fn check_alone(&mut self, flushed: bool) -> Result<(), SendError> {
+        let alone = self.flush_alone() && flushed;
         if !self.has_rejections() {
             return Ok(());
         }
-        self.abort_with(Reason::RecordRejected, true)
+        self.abort_with(Reason::RecordRejected, alone)
             .map_err(SendError::Fatal)?;
         Err(SendError::Aborted)
     }
@@ -646,13 +645,14 @@ impl TxnDriver {
     }
 
     /// Waits up to `bound` for the delivery callbacks of everything sent (they run on the
-    /// producer's thread, after librdkafka is done with a record).
-    fn wait_for_reports(&self, bound: Duration) {
+    /// producer's thread, after librdkafka is done with a record). Whether all came.
+    fn wait_for_reports(&self, bound: Duration) -> bool {
         let ctx = self.producer.context();
         let until = Instant::now() + bound;
         while ctx.pending.load(Ordering::SeqCst) > 0 && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(1));
         }
+        ctx.pending.load(Ordering::SeqCst) == 0
     }
 
     /// Turns the rejections of a transaction that ended without a commit into verdicts.
@@ -686,11 +686,13 @@ impl TxnDriver {
                  which one is at fault"
             );
         }
-        self.verdicts.learn(&rejected, alone);
+        let learned = self.verdicts.learn(&rejected, alone);
         self.sent.clear();
-        // The replay sends something else for those records: progress, not an outage, so the
-        // abort does not add to the back-off.
-        self.failures_in_a_row = 0;
+        if learned {
+            // The replay sends something else for those records: progress, not an outage, so
+            // the abort does not add to the back-off.
+            self.failures_in_a_row = 0;
+        }
     }
 
     /// Commits the open transaction: offsets first, then EndTxn. Any failure ends in an abort
@@ -828,14 +830,9 @@ impl TxnDriver {
             let _g = self.health.in_call("flush");
             flush(&self.producer, self.timeout())
         };
-        // Delivery callbacks run on the producer's thread; wait for the last ones to finish.
-        let ctx = self.producer.context();
-        let settle = Instant::now() + Duration::from_secs(1);
-        while ctx.pending.load(Ordering::SeqCst) > 0 && Instant::now() < settle {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let failed = ctx.failed.load(Ordering::SeqCst);
-        if flushed.is_err() || failed > 0 || ctx.pending.load(Ordering::SeqCst) > 0 {
+        let reported = self.wait_for_reports(Duration::from_secs(1));
+        let failed = self.producer.context().failed.load(Ordering::SeqCst);
+        if flushed.is_err() || failed > 0 || !reported {
             warn!(failed, flushed = ?flushed.err(), "outputs not all delivered; not committing \
                                                       offsets, rewinding (at least once)");
             self.abort(Reason::DeliveryFailed)?;
