@@ -74,13 +74,7 @@ fn hostile_records_go_where_the_policy_says_and_the_audit_balances() {
     );
     let mut ex = Exactly::start(&args);
     wait_all_committed(&group, &topics.input, Duration::from_secs(120));
-    ex.signal(nix::sys::signal::Signal::SIGTERM);
-    assert_eq!(
-        ex.wait(Duration::from_secs(15)).code(),
-        Some(0),
-        "{}",
-        ex.log_text()
-    );
+    ex.stop_cleanly();
 
     let dlq = read_all(&topics.dlq, "read_committed");
     let reason = |key: &str| {

@@ -641,6 +641,14 @@ impl Exactly {
     }
 
     /// Waits for exit; panics after `timeout`.
+    /// SIGTERM, then exit 0 within 15 s (the log in the panic otherwise).
+    #[allow(dead_code)]
+    pub fn stop_cleanly(&mut self) {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        let status = self.wait(Duration::from_secs(15));
+        assert_eq!(status.code(), Some(0), "{}", self.log_text());
+    }
+
     pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
         let deadline = Instant::now() + timeout;
         loop {
