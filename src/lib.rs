@@ -10,8 +10,9 @@
 //! - [`pipeline`]: the loop. A record is **read** by `poll` in `Pipeline::run_loop`,
 //!   **transformed** in `Pipeline::process`, **written** through [`txn::TxnDriver::send`], and
 //!   **committed** with its offsets by [`txn::TxnDriver::commit`].
-//! - [`txn`]: the transaction driver: begin, send, send offsets, commit, abort, recreate the
-//!   producer, and the rewind an abort leaves pending.
+//! - [`txn`]: the transaction driver: begin, send, send offsets (the consumer's position when
+//!   it is past transaction markers), commit, abort, recreate the producer, and the rewind an
+//!   abort leaves pending.
 //! - [`error`]: error types, and [`error::classify`], the one table that says what a failed
 //!   Kafka call means (retry, abort and rewind, unknown outcome, recreate, exit).
 //! - [`kafka`]: client settings, and the consumer context whose rebalance callback commits or
@@ -19,7 +20,10 @@
 //! - [`transform`]: pure record → records functions: passthrough and jq (jaq).
 //! - [`records`]: what goes out for one input (outputs with headers, or its DLQ copy), checked
 //!   against the producer's size limit; shared by the pipeline and the audit's replay.
-//! - [`headers`]: the lineage header on every output and the reason headers on DLQ records.
+//! - [`headers`]: the lineage header on every output and the reason headers on DLQ records;
+//!   [`raw_headers`]: header names as bytes (librdkafka's calls behind a safe wrapper).
+//! - [`rejected`]: records the broker rejects for what they are: which input each rejected
+//!   delivery came from, and what its replay sends instead (its DLQ copy).
 //! - [`health`]: heartbeat of the loop and the watchdog that reports a stuck call.
 //! - [`metrics`]: the Prometheus registry and typed handles; [`http`]: `/metrics`, `/livez`,
 //!   `/readyz`; [`lag`]: lag and unstable records against the last stable offset.
