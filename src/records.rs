@@ -98,21 +98,33 @@ pub fn dead_letter<'a>(
         "value and headers ({dropped} bytes) left out: over message.max.bytes \
          {max_message_bytes}; read the source record"
     );
-    let headers = headers::reasons(OwnedHeaders::new(), input, err, l.as_deref()).insert(Header {
-        key: headers::ERROR_TRUNCATED,
-        value: Some(&note),
-    });
-    let truncated = Outgoing {
-        topic: None,
-        key: full.key,
-        value: None,
-        headers,
-    };
+    let truncated = bare(input, err, l.as_deref(), full.key, &note);
     if truncated.size() <= max_message_bytes {
         return truncated;
     }
     let why = format!("over message.max.bytes {max_message_bytes}");
     minimal(input, err, lineage, &why, max_message_bytes)
+}
+
+/// A DLQ copy without value and input headers: the reason and source headers, `key`, and
+/// `exactly.error.truncated` = `note`.
+fn bare<'a>(
+    input: &InputRecord<'_>,
+    err: &TransformError,
+    lineage: Option<&str>,
+    key: Option<Cow<'a, [u8]>>,
+    note: &str,
+) -> Outgoing<'a> {
+    let headers = headers::reasons(OwnedHeaders::new(), input, err, lineage).insert(Header {
+        key: headers::ERROR_TRUNCATED,
+        value: Some(note),
+    });
+    Outgoing {
+        topic: None,
+        key,
+        value: None,
+        headers,
+    }
 }
 
 /// The minimal DLQ copy: the reason and source headers only, and `exactly.error.truncated`
@@ -128,15 +140,7 @@ pub fn minimal<'a>(
 ) -> Outgoing<'a> {
     let l = lineage.then(|| headers::lineage(input, 0));
     let note = format!("key, value and headers left out: {why}; read the source record");
-    let build = |err: &TransformError| Outgoing {
-        topic: None,
-        key: None,
-        value: None,
-        headers: headers::reasons(OwnedHeaders::new(), input, err, l.as_deref()).insert(Header {
-            key: headers::ERROR_TRUNCATED,
-            value: Some(&note),
-        }),
-    };
+    let build = |err: &TransformError| bare(input, err, l.as_deref(), None, &note);
     let out = build(err);
     let over = out.size().saturating_sub(max_message_bytes);
     if over == 0 {

@@ -869,23 +869,21 @@ impl TxnDriver {
             .next_offsets()
             .map(|(topic, p, next)| ((topic.to_string(), p), next))
             .collect();
-        let Ok(positions) = consumer.position() else {
-            return offsets;
-        };
-        for e in positions.elements() {
-            let Offset::Offset(pos) = e.offset() else {
-                continue;
-            };
-            let tp = (e.topic().to_string(), e.partition());
+        for (tp, pos) in positions(consumer) {
             match offsets.get_mut(&tp) {
                 Some(next) => *next = (*next).max(pos),
-                None if self.last_committed.get(&tp).is_none_or(|c| pos > *c) => {
+                None if self.moved(&tp, pos) => {
                     offsets.insert(tp, pos);
                 }
                 None => {}
             }
         }
         offsets
+    }
+
+    /// The position `pos` of `tp` is past what was last committed for it (or nothing was).
+    fn moved(&self, tp: &Tp, pos: i64) -> bool {
+        self.last_committed.get(tp).is_none_or(|c| pos > *c)
     }
 
     /// No transaction is open, and the consumer's position passed control records (the marker
@@ -904,16 +902,9 @@ impl TxnDriver {
             return false;
         }
         self.last_advance_check = Instant::now();
-        let Ok(positions) = consumer.position() else {
-            return false;
-        };
-        positions.elements().iter().any(|e| {
-            let Offset::Offset(pos) = e.offset() else {
-                return false;
-            };
-            let tp = (e.topic().to_string(), e.partition());
-            self.last_committed.get(&tp).is_none_or(|c| pos > *c)
-        })
+        positions(consumer)
+            .into_iter()
+            .any(|(tp, pos)| self.moved(&tp, pos))
     }
 
     /// Bookkeeping of a successful commit.
@@ -1129,6 +1120,21 @@ impl TxnDriver {
             }
         }
     }
+}
+
+/// The consumer's position in each assigned partition that has one (a seek unsets it until
+/// the next record).
+fn positions<X: ConsumerContext, C: Consumer<X>>(consumer: &C) -> Vec<(Tp, i64)> {
+    let Ok(tpl) = consumer.position() else {
+        return Vec::new();
+    };
+    tpl.elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(pos) => Some(((e.topic().to_string(), e.partition()), pos)),
+            _ => None,
+        })
+        .collect()
 }
 
 fn seed() -> u64 {
