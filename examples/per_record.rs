@@ -11,7 +11,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use exactly::config::TransformSpec;
 use exactly::records;
-use exactly::transform::{InputRecord, Limits, Transform};
+use exactly::transform::{self, InputRecord, Limits};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -41,7 +41,7 @@ fn main() {
         max_output_bytes: 1_000_000,
         max_outputs: 10_000,
     };
-    let t = Transform::new(&spec, limits).unwrap();
+    let mut t = transform::new(&spec, limits).unwrap();
     let head = r#"{"seq":123456,"ts":1764460800123,"us":1764460800123456,"user":"u456","amount":56.78,"drop":""#;
     let mut value = head.as_bytes().to_vec();
     value.extend(std::iter::repeat_n(
@@ -61,7 +61,7 @@ fn main() {
             value: Some(&value),
             headers: vec![],
         };
-        let out = records::outputs(&t, &input, true, 1_000_000).unwrap();
+        let out = records::outputs(t.as_mut(), &input, true, 1_000_000).unwrap();
         bytes += out.len();
     }
     std::hint::black_box(bytes);

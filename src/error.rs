@@ -28,12 +28,14 @@ pub enum Error {
     /// A record could not be transformed and the error policy is `fail`.
     #[error("{0} (--on-error fail)")]
     RecordFailed(String),
-    /// The consumer hit a fatal error (a static member fenced): it must be replaced.
-    #[error("consumer fenced: {0}")]
-    ConsumerFenced(KafkaError),
-    /// Start-up did not complete in time (broker unreachable, coordinator never available).
+    /// Start-up did not complete (broker unreachable, coordinator never available, the HTTP
+    /// address taken).
     #[error("{0}")]
     Startup(String),
+    /// Shutdown began while the pipeline could not finish cleanly (a producer was being
+    /// replaced): what was open is left to the broker to abort.
+    #[error("{0}")]
+    Stopped(String),
 }
 
 /// The call that failed; the same code can mean different things for different calls.
@@ -169,7 +171,7 @@ const TIMEOUT: &[Code] = &[
 /// Kafka's name for a code that a broker (or librdkafka's own size check) gives a *record* for
 /// what it is — its size, its bytes, its timestamp — or `None` for any other code. No retry,
 /// abort or new producer changes such a record: the replay sends its dead-letter copy instead
-/// (see [`crate::rejected`]). Every other failed delivery is the cluster's or the
+/// (see [`crate::sink::rejected`]). Every other failed delivery is the cluster's or the
 /// configuration's, and never dead-letters a record.
 pub fn rejected_record(code: Code) -> Option<&'static str> {
     Some(match code {

@@ -6,7 +6,7 @@
 
 use rdkafka::message::{Header, OwnedHeaders};
 
-use crate::raw_headers;
+use crate::kafka::raw_headers;
 use crate::transform::{InputRecord, OutputHeaders, TransformError};
 
 /// Source topic, partition, offset and output index of a record.

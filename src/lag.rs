@@ -15,14 +15,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::statistics::Statistics;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::config::Config;
 use crate::error::Error;
+use crate::kafka::{Isolation, Role, Settings};
 use crate::metrics::{Metrics, PartitionOffsets};
 
 /// The next offset the loop processes, per owned partition.
@@ -94,26 +93,17 @@ struct EndOffsets {
 }
 
 impl EndOffsets {
-    fn new(c: &Config) -> Result<EndOffsets, Error> {
-        let client = |isolation: &str| -> Result<BaseConsumer, Error> {
-            let mut cc = ClientConfig::new();
-            // The consumer's passthrough settings carry security and network settings.
-            for (k, v) in &c.consumer_config {
-                cc.set(k, v);
-            }
-            cc.set("bootstrap.servers", &c.bootstrap_servers)
-                .set("client.id", format!("exactly-{}-lag", c.instance_id))
-                .set("isolation.level", isolation)
-                .set("enable.auto.commit", "false");
-            cc.create()
+    fn new(kafka: &Settings, interval: Duration) -> Result<EndOffsets, Error> {
+        let client = |isolation| -> Result<BaseConsumer, Error> {
+            kafka
+                .to_rdkafka(Role::EndOffsets { isolation })
+                .create()
                 .map_err(|e| Error::Config(format!("--consumer-config: {e}")))
         };
         Ok(EndOffsets {
-            committed: client("read_committed")?,
-            uncommitted: client("read_uncommitted")?,
-            timeout: c
-                .lag_interval
-                .clamp(Duration::from_secs(1), Duration::from_secs(10)),
+            committed: client(Isolation::ReadCommitted)?,
+            uncommitted: client(Isolation::ReadUncommitted)?,
+            timeout: interval.clamp(Duration::from_secs(1), Duration::from_secs(10)),
             last: Mutex::default(),
         })
     }
@@ -157,15 +147,15 @@ impl EndOffsets {
     }
 }
 
-/// Every `--lag-interval` until `stop`: sets the lag and unstable-records gauges.
+/// Every `interval` (`--lag-interval`) until `stop`: sets the lag and unstable-records gauges.
 pub fn spawn(
-    config: &Config,
+    kafka: &Settings,
+    interval: Duration,
     positions: Arc<Positions>,
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) -> Result<(), Error> {
-    let end_offsets = Arc::new(EndOffsets::new(config)?);
-    let interval = config.lag_interval;
+    let end_offsets = Arc::new(EndOffsets::new(kafka, interval)?);
     tokio::spawn(async move {
         loop {
             tokio::select! {

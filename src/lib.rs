@@ -6,28 +6,42 @@
 //!
 //! # Layout
 //!
-//! - [`config`]: the command line and `EXACTLY_…` environment, validated before anything runs.
+//! Imports run one way, from the leaves up (`scripts/modgraph.py` checks it in CI):
+//! `error`, `kafka`, `metrics`, `health` → `config` → `transform` → `headers`, `records`,
+//! `events`, `offsets` → `sink`, `lag`, `audit` → `pipeline` → here.
+//!
+//! - [`config`]: the command line and `EXACTLY_…` environment, one file per subcommand,
+//!   validated before anything runs.
 //! - [`pipeline`]: the loop. A record is **read** by `poll` in `Pipeline::run_loop`,
-//!   **transformed** in `Pipeline::process`, **written** through [`txn::TxnDriver::send`], and
-//!   **committed** with its offsets by [`txn::TxnDriver::commit`].
-//! - [`txn`]: the transaction driver: begin, send, send offsets (the consumer's position when
-//!   it is past transaction markers), commit, abort, recreate the producer, and the rewind an
-//!   abort leaves pending.
-//! - [`error`]: error types, and [`error::classify`], the one table that says what a failed
-//!   Kafka call means (retry, abort and rewind, unknown outcome, recreate, exit).
-//! - [`kafka`]: client settings, and the consumer context whose rebalance callback commits or
-//!   aborts before partitions move.
-//! - [`transform`]: pure record → records functions: passthrough and jq (jaq).
+//!   **transformed** in `Pipeline::process`, **written** through [`sink::Driver::send`], and
+//!   **committed** with its offsets by [`sink::Driver::commit`]. [`pipeline::context`] is the
+//!   consumer's rebalance callback, which commits or aborts before partitions move; the rewind
+//!   after an abort is there too.
+//! - [`sink`]: where outputs go and how they become durable with the offsets: the [`sink::Sink`]
+//!   seam (begin, send, commit with offsets, abort, what the group committed), one file per
+//!   guarantee ([`sink::exactly_once`]: transactions; [`sink::at_least_once`]: delivery-confirmed
+//!   batches), and the [`sink::Driver`] that keeps what every sink shares: the open batch, the
+//!   pending rewind, back-off, and [`sink::rejected`], the records the broker rejects for what
+//!   they are.
+//! - [`transform`]: the [`transform::Transform`] lifecycle (apply, partitions assigned and
+//!   revoked; a bad record is not an unavailable transform), one file per kind: passthrough
+//!   and jq (jaq).
 //! - [`records`]: what goes out for one input (outputs with headers, or its DLQ copy), checked
 //!   against the producer's size limit; shared by the pipeline and the audit's replay.
-//! - [`headers`]: the lineage header on every output and the reason headers on DLQ records;
-//!   [`raw_headers`]: header names as bytes (librdkafka's calls behind a safe wrapper).
-//! - [`rejected`]: records the broker rejects for what they are: which input each rejected
-//!   delivery came from, and what its replay sends instead (its DLQ copy).
-//! - [`health`]: heartbeat of the loop and the watchdog that reports a stuck call.
+//! - [`headers`]: the lineage header on every output and the reason headers on DLQ records.
+//! - [`kafka`]: a leaf: every client's librdkafka settings from one [`kafka::Settings`] and a
+//!   [`kafka::Role`]; the librdkafka calls rust-rdkafka lacks, behind safe wrappers (header
+//!   names as bytes, flush).
+//! - [`error`]: error types, and [`error::classify`], the one table that says what a failed
+//!   Kafka call means (retry, abort and rewind, unknown outcome, recreate, exit).
+//! - [`events`]: what happens to the pipeline (aborted, committed, rebalanced, producer
+//!   recreated, record dead-lettered…), each a type whose `emit` logs and counts it.
 //! - [`metrics`]: the Prometheus registry and typed handles; [`http`]: `/metrics`, `/livez`,
-//!   `/readyz`; [`lag`]: lag and unstable records against the last stable offset.
+//!   `/readyz`; [`health`]: heartbeat of the loop and the watchdog that reports a stuck call;
+//!   [`lag`]: lag and unstable records against the last stable offset.
 //! - [`telemetry`]: logging (text or JSON).
+//! - [`offsets`]: where a group's offsets can be read from, one file per store (the Kafka
+//!   group today; the audit reads the group's committed offsets through it).
 //! - [`audit`]: `exactly audit`, which replays the transform over a range of the input and
 //!   matches every output to its input (lost, duplicated, unexpected, order, hanging
 //!   transactions).
@@ -37,19 +51,19 @@
 pub mod audit;
 pub mod config;
 pub mod error;
+pub mod events;
 pub mod headers;
 pub mod health;
 pub mod http;
 pub mod kafka;
 pub mod lag;
 pub mod metrics;
+pub mod offsets;
 pub mod pipeline;
-pub mod raw_headers;
 pub mod records;
-pub mod rejected;
+pub mod sink;
 pub mod telemetry;
 pub mod transform;
-pub mod txn;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,7 +74,6 @@ use crate::config::Config;
 use crate::error::Error;
 use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::transform::{Limits, Transform};
 
 /// Stack of the loop thread: jq programs and JSON values recurse.
 const LOOP_STACK: usize = 64 << 20;
@@ -68,15 +81,11 @@ const LOOP_STACK: usize = 64 << 20;
 /// Runs an audit: reads the history, replays the transform, returns the report.
 pub fn audit(config: config::AuditConfig) -> Result<audit::Report, Error> {
     let t = &config.transform;
-    let limits = Limits {
-        max_output_bytes: t.max_output_bytes,
-        max_outputs: t.max_outputs_per_record,
-    };
-    let transform = Transform::new(&t.spec, limits)?;
+    let mut transform = transform::build(t)?;
     let history = audit::read::collect(&config.plan)?;
     Ok(audit::analyze(
         &history,
-        &transform,
+        transform.as_mut(),
         t.on_error,
         &config.plan.outputs[0],
         config.max_message_bytes,
@@ -88,12 +97,9 @@ pub fn audit(config: config::AuditConfig) -> Result<audit::Report, Error> {
 /// The loop runs on a thread of its own, since librdkafka's calls block; the async side only
 /// watches it. Cancelling `shutdown` makes the loop commit what is open and leave the group.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
-    let limits = Limits {
-        max_output_bytes: config.max_output_bytes,
-        max_outputs: config.max_outputs_per_record,
-    };
     // Compiled before any client exists: a bad program fails start-up with jaq's message.
-    let transform = Transform::new(&config.transform, limits)?;
+    let transform = transform::build(&config.transform)?;
+    let transform = transform::unavailable_first(transform, config.test_unavailable);
     let health = Arc::new(Health::default());
     let stop_watching = CancellationToken::new();
     // The longest a healthy loop blocks is one transactional call, bounded by the timeout.
@@ -107,6 +113,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         h.set_ready(false);
     });
     let metrics = Arc::new(Metrics::new());
+    events::initialise(&metrics);
     if let Some(addr) = config.http_addr {
         let bound = http::serve(
             addr,
@@ -116,13 +123,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
             stop_watching.clone(),
         )
         .await
-        .map_err(|e| Error::Config(format!("--http-addr {addr}: {e}")))?;
+        .map_err(|e| Error::Startup(format!("--http-addr {addr}: {e}")))?;
         tracing::info!(addr = %bound, "HTTP endpoints listening (/metrics /livez /readyz)");
     }
 
     let positions = Arc::new(lag::Positions::default());
     lag::spawn(
-        &config,
+        &config.kafka,
+        config.lag_interval,
         positions.clone(),
         metrics.clone(),
         stop_watching.clone(),

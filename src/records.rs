@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use rdkafka::message::{Header, OwnedHeaders};
 
 use crate::headers;
-use crate::transform::{InputRecord, Reason, Transform, TransformError};
+use crate::transform::{Failure, InputRecord, Reason, Transform, TransformError};
 
 /// One record ready to send.
 #[derive(Clone)]
@@ -44,11 +44,11 @@ impl Outgoing<'_> {
 /// Transforms `input` and attaches headers. The record is refused whole when any output is
 /// larger than `max_message_bytes`: a transaction cannot take back half a fan-out.
 pub fn outputs<'a>(
-    transform: &Transform,
+    transform: &mut dyn Transform,
     input: &InputRecord<'a>,
     lineage: bool,
     max_message_bytes: usize,
-) -> Result<Vec<Outgoing<'a>>, TransformError> {
+) -> Result<Vec<Outgoing<'a>>, Failure> {
     let outs = transform.apply(input)?;
     let mut prepared = Vec::with_capacity(outs.len());
     for (i, o) in outs.into_iter().enumerate() {
@@ -61,12 +61,12 @@ pub fn outputs<'a>(
         };
         let size = out.size();
         if size > max_message_bytes {
-            return Err(TransformError::new(
+            return Err(Failure::BadRecord(TransformError::new(
                 Reason::OutputTooLarge,
                 format!(
                     "output of {size} bytes exceeds the producer's message.max.bytes {max_message_bytes}"
                 ),
-            ));
+            )));
         }
         prepared.push(out);
     }
@@ -173,17 +173,17 @@ mod tests {
         }
     }
 
-    fn passthrough() -> Transform {
+    fn passthrough() -> Box<dyn Transform> {
         let limits = Limits {
             max_output_bytes: 1_000_000,
             max_outputs: 10,
         };
-        Transform::new(&TransformSpec::Passthrough, limits).unwrap()
+        crate::transform::new(&TransformSpec::Passthrough, limits).unwrap()
     }
 
     #[test]
     fn outputs_carry_lineage_and_fit() {
-        let outs = outputs(&passthrough(), &input(b"v", vec![]), true, 1000).unwrap();
+        let outs = outputs(passthrough().as_mut(), &input(b"v", vec![]), true, 1000).unwrap();
         assert_eq!(outs.len(), 1);
         let h = &outs[0].headers;
         assert_eq!(h.get(0).key, headers::LINEAGE);
@@ -194,9 +194,11 @@ mod tests {
     fn headers_count_toward_the_producer_limit() {
         let big = vec![b'h'; 600];
         let rec = input(b"small value", vec![(b"h", Some(&big))]);
-        let e = outputs(&passthrough(), &rec, true, 500).err().unwrap();
+        let Err(Failure::BadRecord(e)) = outputs(passthrough().as_mut(), &rec, true, 500) else {
+            panic!("an output over message.max.bytes is the record's fault")
+        };
         assert_eq!(e.reason, Reason::OutputTooLarge);
-        assert!(outputs(&passthrough(), &rec, true, 1000).is_ok());
+        assert!(outputs(passthrough().as_mut(), &rec, true, 1000).is_ok());
     }
 
     /// The pre-check against librdkafka's own: a producer that cannot reach any broker still
@@ -224,7 +226,11 @@ mod tests {
                     let mut h = OwnedHeaders::new();
                     for i in 0..names {
                         let name = vec![b'n'; i % 66];
-                        h = crate::raw_headers::add(h, &name, header_value.map(|n| &bytes[..n]));
+                        h = crate::kafka::raw_headers::add(
+                            h,
+                            &name,
+                            header_value.map(|n| &bytes[..n]),
+                        );
                     }
                     let probe = Outgoing {
                         topic: None,
@@ -426,14 +432,15 @@ mod properties {
                 headers: headers.iter().map(|(n, v)| (n.as_slice(), v.as_deref())).collect(),
             };
             let limits = Limits { max_output_bytes: usize::MAX, max_outputs: 1 };
-            let passthrough = Transform::new(&TransformSpec::Passthrough, limits).unwrap();
-            match outputs(&passthrough, &input, lineage, max) {
+            let mut passthrough = crate::transform::new(&TransformSpec::Passthrough, limits).unwrap();
+            match outputs(passthrough.as_mut(), &input, lineage, max) {
                 Ok(outs) => {
                     prop_assert_eq!(outs.len(), 1);
                     prop_assert!(outs[0].size() <= max);
                     prop_assert!(librdkafka_takes(&outs[0], max));
                 }
-                Err(e) => {
+                Err(Failure::Unavailable(why)) => prop_assert!(false, "unavailable: {why}"),
+                Err(Failure::BadRecord(e)) => {
                     prop_assert_eq!(e.reason, Reason::OutputTooLarge);
                     // Refused exactly when librdkafka would refuse it.
                     let out = Outgoing {

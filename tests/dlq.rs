@@ -145,3 +145,40 @@ fn on_error_skip_drops_and_moves_on() {
     assert!(read_all(&topics.dlq, "read_committed").is_empty());
     assert_eq!(ex.events("record skipped").len(), 1);
 }
+
+#[test]
+fn an_unavailable_transform_never_dead_letters_and_each_record_lands_once() {
+    let topics = Topics::create("unavail", 1, 1);
+    let group = unique("unavail-g");
+    produce(&topics.input, &numbered(20, 1));
+
+    let mut args = base_args(&topics, &group, "unavail-0");
+    // The first three applies say "unavailable": each aborts, rewinds and comes again.
+    args.extend(["--jq", NEXT, "--test-unavailable", "3"].map(String::from));
+    let mut ex = Exactly::start(&args);
+    wait_all_committed(&group, &topics.input, Duration::from_secs(120));
+    ex.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(ex.wait(Duration::from_secs(15)).success());
+
+    let outputs = read_all(&topics.output, "read_committed");
+    let expected = expected_outputs(&topics.input, |v: &Value| {
+        vec![json!({"id": v["id"], "next": v["n"].as_i64().unwrap() + 1})]
+    });
+    assert_exactly_once(&outputs, &expected);
+    assert!(read_all(&topics.dlq, "read_committed").is_empty());
+    assert_eq!(
+        ex.events("transform unavailable; aborting, rewinding and backing off")
+            .len(),
+        3,
+        "{}",
+        ex.log_text()
+    );
+    let aborts = ex.events("transaction aborted");
+    assert_eq!(aborts.len(), 3, "{}", ex.log_text());
+    assert!(
+        aborts
+            .iter()
+            .all(|e| e["reason"] == "transform_unavailable"),
+        "{aborts:?}"
+    );
+}

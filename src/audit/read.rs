@@ -7,7 +7,6 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -15,41 +14,10 @@ use rdkafka::message::Message;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use super::{History, PartitionState, Rec};
+use crate::config::{Bound, Plan};
 use crate::error::Error;
-
-/// One end of the audited input range.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Bound {
-    /// The start (low watermark) or the end (last stable offset) of each partition.
-    Edge,
-    /// The first offset at or after a timestamp (ms), per partition.
-    Time(i64),
-    /// Offsets per partition (applied to every input topic); missing partitions: the edge.
-    Offsets(BTreeMap<i32, i64>),
-}
-
-/// What to read.
-#[derive(Clone, Debug)]
-pub struct Plan {
-    /// Kafka bootstrap servers.
-    pub bootstrap_servers: String,
-    /// Extra librdkafka settings (security).
-    pub consumer_config: Vec<(String, String)>,
-    /// Input topics.
-    pub inputs: Vec<String>,
-    /// Output topics.
-    pub outputs: Vec<String>,
-    /// DLQ topic.
-    pub dlq: Option<String>,
-    /// Group whose committed offsets are checked.
-    pub group: Option<String>,
-    /// Start of the input range.
-    pub from: Bound,
-    /// End of the input range (exclusive).
-    pub to: Bound,
-    /// Bound on each network call and on reading each topic.
-    pub timeout: Duration,
-}
+use crate::kafka::{Isolation, Role};
+use crate::offsets;
 
 /// Consumer context that does not report reaching the end of a partition as an error: the
 /// audit asks for those events (`enable.partition.eof`) and handles them in its poll loop.
@@ -69,17 +37,10 @@ impl ConsumerContext for AuditContext {}
 
 type AuditConsumer = BaseConsumer<AuditContext>;
 
-fn client(plan: &Plan, isolation: &str) -> Result<AuditConsumer, Error> {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", &plan.bootstrap_servers)
-        .set("group.id", "exactly-audit")
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "true")
-        .set("isolation.level", isolation);
-    for (k, v) in &plan.consumer_config {
-        c.set(k, v);
-    }
-    c.create_with_context(AuditContext)
+fn client(plan: &Plan, isolation: Isolation) -> Result<AuditConsumer, Error> {
+    plan.kafka
+        .to_rdkafka(Role::AuditReader { isolation })
+        .create_with_context(AuditContext)
         .map_err(|e| Error::Config(format!("--consumer-config: {e}")))
 }
 
@@ -92,8 +53,8 @@ fn kafka(context: &str) -> impl FnOnce(KafkaError) -> Error + '_ {
 
 /// Reads everything [`super::analyze`] needs.
 pub fn collect(plan: &Plan) -> Result<History, Error> {
-    let committed_client = client(plan, "read_committed")?;
-    let uncommitted_client = client(plan, "read_uncommitted")?;
+    let committed_client = client(plan, Isolation::ReadCommitted)?;
+    let uncommitted_client = client(plan, Isolation::ReadUncommitted)?;
     let mut topics: Vec<&String> = plan.inputs.iter().chain(&plan.outputs).collect();
     topics.extend(plan.dlq.iter());
 
@@ -152,7 +113,11 @@ pub fn collect(plan: &Plan) -> Result<History, Error> {
     // (a read_uncommitted client does not ask for it): a hanging transaction must not block.
     let committed = match &plan.group {
         None => None,
-        Some(g) => Some(group_offsets(plan, g, &range)?),
+        Some(g) => {
+            let partitions: Vec<(String, i32)> = range.keys().cloned().collect();
+            let store = offsets::open("kafka:", &plan.kafka, plan.timeout)?;
+            Some(store.read(g, &partitions)?)
+        }
     };
 
     let mut inputs = Vec::new();
@@ -253,39 +218,6 @@ fn resolve(
             })
         }
     }
-}
-
-fn group_offsets(
-    plan: &Plan,
-    group: &str,
-    range: &BTreeMap<(String, i32), (i64, i64)>,
-) -> Result<BTreeMap<(String, i32), i64>, Error> {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", &plan.bootstrap_servers)
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_uncommitted");
-    for (k, v) in &plan.consumer_config {
-        c.set(k, v);
-    }
-    let consumer: BaseConsumer = c
-        .create()
-        .map_err(|e| Error::Config(format!("--consumer-config: {e}")))?;
-    let mut tpl = TopicPartitionList::new();
-    for (t, p) in range.keys() {
-        tpl.add_partition(t, *p);
-    }
-    let got = consumer
-        .committed_offsets(tpl, plan.timeout)
-        .map_err(kafka("reading the group's committed offsets"))?;
-    Ok(got
-        .elements()
-        .iter()
-        .filter_map(|e| match e.offset() {
-            Offset::Offset(o) => Some(((e.topic().to_string(), e.partition()), o)),
-            _ => None,
-        })
-        .collect())
 }
 
 /// Reads [start, end) of each partition of one topic (end = i64::MAX: to the end the client

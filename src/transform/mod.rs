@@ -1,16 +1,104 @@
-//! Transforms: pure functions from one input record to zero or more output records.
+//! Transforms: one input record to zero or more output records.
 //!
-//! No I/O happens here; the pipeline hands a borrowed record in and writes what comes out.
-//! Passthrough borrows key and value from the input, so it copies nothing.
+//! A transform is a [`Transform`]: `apply` may keep state between records (`&mut self`), and it
+//! hears which partitions the instance gains and loses. Its failure says whose fault it is: a
+//! [`Failure::BadRecord`] is the record's (the `--on-error` policy: DLQ, skip or fail), a
+//! [`Failure::Unavailable`] is the transform's (a service it needs is down: the transaction is
+//! aborted and rewound and the record comes again after a back-off; never the DLQ).
+//!
+//! One file per kind: [`passthrough`] (borrows key and value, copies nothing), [`jq`] (with its
+//! JSON reader and writer in `json`). [`new`] is where a kind is registered; [`build`] calls it
+//! with the configured limits.
 
-mod jq;
+pub mod jq;
+mod json;
+pub mod passthrough;
 
 use std::borrow::Cow;
 
-use crate::config::TransformSpec;
+use crate::config::{TransformConfig, TransformSpec};
 use crate::error::Error;
 
 pub use jq::Jq;
+pub use passthrough::Passthrough;
+
+/// (topic, partition).
+pub type Tp = (String, i32);
+
+/// A record transform, run on the loop thread.
+pub trait Transform: Send {
+    /// Transforms one record. The outputs may borrow from the input.
+    fn apply<'a>(&mut self, input: &InputRecord<'a>) -> Result<Vec<OutputRecord<'a>>, Failure>;
+
+    /// The instance now owns `partitions` too (state for them may be loaded here).
+    fn assigned(&mut self, partitions: &[Tp]) {
+        let _ = partitions;
+    }
+
+    /// The instance no longer owns `partitions` (state for them may be dropped); called after
+    /// their last transaction committed or aborted.
+    fn revoked(&mut self, partitions: &[Tp]) {
+        let _ = partitions;
+    }
+}
+
+/// Why `apply` produced nothing to send.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Failure {
+    /// The record's fault: the `--on-error` policy decides (DLQ, skip, fail).
+    #[error(transparent)]
+    BadRecord(#[from] TransformError),
+    /// The transform cannot work right now (a service it calls is down): abort, rewind, back
+    /// off, report not ready; the record comes again. Never the DLQ.
+    #[error("transform unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Builds (and for jq, compiles) the configured transform: one arm per kind.
+pub fn build(config: &TransformConfig) -> Result<Box<dyn Transform>, Error> {
+    let limits = Limits {
+        max_output_bytes: config.max_output_bytes,
+        max_outputs: config.max_outputs_per_record,
+    };
+    new(&config.spec, limits)
+}
+
+/// Testing only (`--test-unavailable`): `inner` is unavailable for its first `n` records.
+pub fn unavailable_first(inner: Box<dyn Transform>, n: u64) -> Box<dyn Transform> {
+    struct Flaky {
+        inner: Box<dyn Transform>,
+        left: u64,
+    }
+    impl Transform for Flaky {
+        fn apply<'a>(&mut self, input: &InputRecord<'a>) -> Result<Vec<OutputRecord<'a>>, Failure> {
+            if self.left > 0 {
+                self.left -= 1;
+                return Err(Failure::Unavailable("test switch: unavailable".into()));
+            }
+            self.inner.apply(input)
+        }
+        fn assigned(&mut self, partitions: &[Tp]) {
+            self.inner.assigned(partitions);
+        }
+        fn revoked(&mut self, partitions: &[Tp]) {
+            self.inner.revoked(partitions);
+        }
+    }
+    if n == 0 {
+        return inner;
+    }
+    Box::new(Flaky { inner, left: n })
+}
+
+/// [`build`], with the spec and limits apart (tests).
+pub fn new(spec: &TransformSpec, limits: Limits) -> Result<Box<dyn Transform>, Error> {
+    Ok(match spec {
+        TransformSpec::Passthrough => Box::new(Passthrough::new(limits)),
+        TransformSpec::Jq { program, envelope } => {
+            Box::new(Jq::compile(program, *envelope, limits).map_err(Error::Jq)?)
+        }
+    })
+}
 
 /// One consumed record, borrowed from the consumer's buffer.
 #[derive(Clone, Debug)]
@@ -28,7 +116,7 @@ pub struct InputRecord<'a> {
     /// Value bytes; `None` for a tombstone.
     pub value: Option<&'a [u8]>,
     /// Headers in order.
-    pub headers: Vec<crate::raw_headers::Header<'a>>,
+    pub headers: Vec<crate::kafka::raw_headers::Header<'a>>,
 }
 
 /// Headers of an output record.
@@ -144,47 +232,6 @@ pub struct Limits {
     pub max_outputs: usize,
 }
 
-/// A configured transform.
-pub enum Transform {
-    /// Copy key, value and headers.
-    Passthrough(Limits),
-    /// Run a jq program.
-    Jq(Box<Jq>),
-}
-
-impl Transform {
-    /// Builds (and for jq, compiles) the transform.
-    pub fn new(spec: &TransformSpec, limits: Limits) -> Result<Transform, Error> {
-        match spec {
-            TransformSpec::Passthrough => Ok(Transform::Passthrough(limits)),
-            TransformSpec::Jq { program, envelope } => {
-                let jq = Jq::compile(program, *envelope, limits).map_err(Error::Jq)?;
-                Ok(Transform::Jq(Box::new(jq)))
-            }
-        }
-    }
-
-    /// Transforms one record.
-    pub fn apply<'a>(
-        &self,
-        input: &InputRecord<'a>,
-    ) -> Result<Vec<OutputRecord<'a>>, TransformError> {
-        match self {
-            Transform::Passthrough(limits) => {
-                let size = input.key.map_or(0, <[u8]>::len) + input.value.map_or(0, <[u8]>::len);
-                check_size(size, limits)?;
-                Ok(vec![OutputRecord {
-                    topic: None,
-                    key: input.key.map(Cow::Borrowed),
-                    value: input.value.map(Cow::Borrowed),
-                    headers: OutputHeaders::Input,
-                }])
-            }
-            Transform::Jq(jq) => jq.apply(input),
-        }
-    }
-}
-
 /// Cuts `s` to at most `max` bytes on a char boundary, marking the cut with `…`.
 pub(crate) fn truncate(s: &mut String, max: usize) {
     if s.len() > max {
@@ -197,7 +244,7 @@ pub(crate) fn truncate(s: &mut String, max: usize) {
     }
 }
 
-fn check_size(size: usize, limits: &Limits) -> Result<(), TransformError> {
+pub(crate) fn check_size(size: usize, limits: &Limits) -> Result<(), TransformError> {
     if size > limits.max_output_bytes {
         return Err(TransformError::new(
             Reason::OutputTooLarge,
@@ -233,7 +280,7 @@ mod tests {
 
     #[test]
     fn passthrough_copies_bytes_exactly() {
-        let t = Transform::new(&TransformSpec::Passthrough, LIMITS).unwrap();
+        let mut t = new(&TransformSpec::Passthrough, LIMITS).unwrap();
         let value: &[u8] = b"\xff\x00not json";
         let out = t.apply(&record(Some(value))).unwrap();
         assert_eq!(out.len(), 1);
@@ -247,7 +294,7 @@ mod tests {
 
     #[test]
     fn passthrough_keeps_tombstones() {
-        let t = Transform::new(&TransformSpec::Passthrough, LIMITS).unwrap();
+        let mut t = new(&TransformSpec::Passthrough, LIMITS).unwrap();
         let out = t.apply(&record(None)).unwrap();
         assert_eq!(out[0].value, None);
     }
@@ -261,9 +308,11 @@ mod tests {
 
     #[test]
     fn passthrough_enforces_size_limit() {
-        let t = Transform::new(&TransformSpec::Passthrough, LIMITS).unwrap();
+        let mut t = new(&TransformSpec::Passthrough, LIMITS).unwrap();
         let big = vec![b'x'; 200];
-        let e = t.apply(&record(Some(&big))).unwrap_err();
+        let Err(Failure::BadRecord(e)) = t.apply(&record(Some(&big))) else {
+            panic!("a too large output is the record's fault")
+        };
         assert_eq!(e.reason, Reason::OutputTooLarge);
     }
 }

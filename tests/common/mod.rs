@@ -223,7 +223,7 @@ impl Writer {
         for r in records {
             let mut headers = OwnedHeaders::new();
             for (k, v) in &r.headers {
-                headers = exactly::raw_headers::add(headers, k, Some(v));
+                headers = exactly::kafka::raw_headers::add(headers, k, Some(v));
             }
             let mut rec = BaseRecord::<[u8], [u8]>::to(topic)
                 .partition(r.partition)

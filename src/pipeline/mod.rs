@@ -2,11 +2,14 @@
 //!
 //! One thread runs it, because librdkafka's consumer poll and transaction calls block. Each
 //! turn: poll one record (rebalance callbacks run inside poll and settle the open
-//! transaction); rewind first if an abort left one pending; transform the record; send its
-//! outputs (or its DLQ record) inside the open transaction; count its offset; commit when the
-//! interval, record or byte bound is reached. On shutdown: commit, then leave the group.
+//! transaction, see [`context`]); rewind first if an abort left one pending ([`rewind`]);
+//! transform the record; send its outputs (or its DLQ record) through the sink inside the open
+//! transaction; count its offset; commit when the interval, record or byte bound is reached.
+//! On shutdown: commit, then leave the group.
 
-use std::collections::HashMap;
+pub mod context;
+mod rewind;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,22 +17,36 @@ use rdkafka::Message;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
-use rdkafka::producer::{BaseRecord, Producer};
-use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 use crate::config::{Config, Input, OnError};
 use crate::error::{Action, Call, Error, Facts, classify, rejected_record};
+use crate::events::{self, AbortReason, BadRecord, TransformUnavailable};
 use crate::health::Health;
-use crate::kafka::{self, PipelineConsumer, PipelineContext};
+use crate::kafka::{Role, raw_headers};
 use crate::lag::Positions;
 use crate::metrics::{Metrics, RecordCounters};
-use crate::raw_headers;
 use crate::records::{self, Outgoing};
-use crate::rejected::{Form, Source, Verdict};
-use crate::transform::{InputRecord, Transform, TransformError};
-use crate::txn::{Consumed, Outcome, Reason, SendError, Tp, TxnDriver};
+use crate::sink::rejected::{Form, Source, Verdict};
+use crate::sink::{self, Began, Consumed, Driver, Outcome, SendError};
+use crate::transform::{Failure, InputRecord, Transform, TransformError};
+pub use context::{Change, PipelineConsumer, PipelineContext};
+
+/// Why the loop over one consumer ended early.
+enum Interrupt {
+    /// This consumer is finished (fenced, or it cannot rewind): a new one starts from the
+    /// committed offsets, with the same producer.
+    ReplaceConsumer(KafkaError),
+    /// Stop the process.
+    Fail(Error),
+}
+
+impl From<Error> for Interrupt {
+    fn from(e: Error) -> Interrupt {
+        Interrupt::Fail(e)
+    }
+}
 
 /// Longest single poll: bounds how late a commit or a shutdown is noticed.
 const MAX_POLL: Duration = Duration::from_millis(100);
@@ -37,13 +54,13 @@ const MAX_POLL: Duration = Duration::from_millis(100);
 /// Runs the pipeline until `shutdown` is cancelled (Ok) or an unrecoverable error (Err).
 pub fn run(
     config: &Config,
-    transform: Transform,
+    transform: Box<dyn Transform>,
     health: Arc<Health>,
     metrics: Arc<Metrics>,
     positions: Arc<Positions>,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
-    let driver = TxnDriver::start(config, health.clone(), metrics, shutdown.clone())?;
+    let driver = sink::start(config, health.clone(), metrics.clone(), shutdown.clone())?;
     let max_message_bytes = check_topics(&driver, config)?;
     let driver = Arc::new(Mutex::new(driver));
     info!(
@@ -55,25 +72,33 @@ pub fn run(
     let mut transform = Some(transform);
     let mut replacements = 0u32;
     loop {
-        let consumer = subscribe(config, driver.clone(), positions.clone())?;
+        let consumer = subscribe(config, driver.clone(), positions.clone(), metrics.clone())?;
         health.set_ready(true);
         let mut pipeline = Pipeline {
             config,
             transform: transform.take().expect("the transform is handed back"),
             consumer: &consumer,
+            metrics: &metrics,
+            health: &health,
+            shutdown: &shutdown,
             max_message_bytes,
             counters: RecordCounters::default(),
+            unavailable: false,
         };
-        let result = pipeline.run_loop(&health, &shutdown);
+        let result = pipeline.run_loop();
         health.set_ready(false);
         let result = match result {
-            Err(Error::ConsumerFenced(e)) if !shutdown.is_cancelled() => {
+            Err(Interrupt::ReplaceConsumer(e)) if !shutdown.is_cancelled() => {
                 // librdkafka's consumer is finished; the producer is not. Abort what the old
                 // consumer read (its generation can no longer commit) and join again.
                 consumer
                     .context()
                     .driver()
-                    .abort_now(Reason::ConsumerFenced);
+                    .abort_now(AbortReason::ConsumerFenced);
+                // The new consumer assigns again: the transform loses these first.
+                pipeline.hand_over_changes();
+                let owned = consumer.assignment().unwrap_or_default();
+                pipeline.transform.revoked(&context::partitions(&owned));
                 transform = Some(pipeline.transform);
                 close(consumer, Instant::now() + Duration::from_secs(5), false);
                 replacements += 1;
@@ -82,7 +107,13 @@ pub fn run(
                 std::thread::sleep(pause);
                 continue;
             }
-            other => other,
+            // Shutting down with a finished consumer: nothing of the open transaction commits.
+            Err(Interrupt::ReplaceConsumer(source)) => Err(Error::Unrecoverable {
+                context: "consumer fenced while shutting down".into(),
+                source,
+            }),
+            Err(Interrupt::Fail(e)) => Err(e),
+            Ok(()) => Ok(()),
         };
         // Everything after the signal must fit in the grace, with a margin for the exit.
         let close_by = Instant::now() + config.shutdown_grace.saturating_sub(MAX_POLL * 5);
@@ -92,7 +123,7 @@ pub fn run(
             consumer
                 .context()
                 .driver()
-                .abort_now(Reason::ShutdownOnError);
+                .abort_now(AbortReason::ShutdownOnError);
         }
         drop(pipeline);
         close_bounded(consumer, close_by);
@@ -155,11 +186,21 @@ fn close_bounded(consumer: PipelineConsumer, deadline: Instant) {
 /// A consumer whose context shares `driver`, subscribed to the input.
 fn subscribe(
     config: &Config,
-    driver: Arc<Mutex<TxnDriver>>,
+    driver: Arc<Mutex<Driver>>,
     positions: Arc<Positions>,
+    metrics: Arc<Metrics>,
 ) -> Result<PipelineConsumer, Error> {
-    let consumer: PipelineConsumer = kafka::consumer_config(config)
-        .create_with_context(PipelineContext::new(driver, positions))
+    let role = Role::Pipeline {
+        group: &config.group_id,
+        instance: config
+            .static_membership
+            .then_some(config.instance_id.as_str()),
+        statistics: config.lag_interval,
+    };
+    let consumer: PipelineConsumer = config
+        .kafka
+        .to_rdkafka(role)
+        .create_with_context(PipelineContext::new(driver, positions, metrics))
         .map_err(|e| Error::Config(format!("--consumer-config: {e}")))?;
     match &config.input {
         Input::Topics(ts) => {
@@ -182,38 +223,41 @@ fn subscribe(
 
 struct Pipeline<'c> {
     config: &'c Config,
-    transform: Transform,
+    transform: Box<dyn Transform>,
     consumer: &'c PipelineConsumer,
+    metrics: &'c Metrics,
+    health: &'c Health,
+    shutdown: &'c CancellationToken,
     /// The producer's message.max.bytes: larger outputs are transform errors, not aborts.
     max_message_bytes: usize,
     counters: RecordCounters,
+    /// The transform said it cannot work: not ready until a record goes through again.
+    unavailable: bool,
 }
 
 impl Pipeline<'_> {
-    fn run_loop(&mut self, health: &Health, shutdown: &CancellationToken) -> Result<(), Error> {
-        let c = self.config;
+    fn run_loop(&mut self) -> Result<(), Interrupt> {
+        let (c, shutdown) = (self.config, self.shutdown);
         while !shutdown.is_cancelled() {
-            health.beat();
-            {
+            self.health.beat();
+            let due_in = {
                 let driver = self.consumer.context().driver();
-                driver
-                    .metrics()
+                self.metrics
                     .open_transaction_age
                     .set(driver.open_age().as_secs_f64());
-            }
-            let wait = self.driver_due_in().unwrap_or(MAX_POLL).min(MAX_POLL);
+                driver.due_in(c.commit_interval)
+            };
+            let wait = due_in.unwrap_or(MAX_POLL).min(MAX_POLL);
             let polled = self.consumer.poll(wait);
-            {
-                let mut driver = self.consumer.context().driver();
-                if let Some(e) = driver.take_fatal() {
-                    return Err(e);
-                }
+            if let Some(e) = self.consumer.context().driver().take_fatal() {
+                return Err(e.into());
             }
+            self.hand_over_changes();
             let at = match &polled {
                 Some(Ok(msg)) => Some((msg.topic(), msg.partition(), msg.offset())),
                 _ => None,
             };
-            if self.rewind_if_pending(at, health, shutdown)? {
+            if self.rewind_if_pending(at, shutdown)? {
                 continue;
             }
             match polled {
@@ -222,7 +266,9 @@ impl Pipeline<'_> {
                 Some(Err(e)) => self.consumer_error(e)?,
             }
             let mut driver = self.consumer.context().driver();
-            if driver.advance_due(self.consumer, c.commit_interval) && driver.begin()? {
+            if driver.advance_due(self.consumer, c.commit_interval)
+                && driver.begin()? == Began::Open
+            {
                 // Only control records since the last commit: an offsets-only transaction.
                 driver.commit(self.consumer)?;
             }
@@ -231,15 +277,24 @@ impl Pipeline<'_> {
                 c.max_records_per_txn,
                 c.max_bytes_per_txn,
             ) {
-                let outcome = driver.commit(self.consumer)?;
-                if let Outcome::Committed { records } = outcome {
-                    debug!(records, "transaction committed");
+                if let Outcome::Committed { records } = driver.commit(self.consumer)? {
+                    events::committed(records, "interval");
                 }
                 drop(driver);
-                self.rewind_if_pending(None, health, shutdown)?;
+                self.rewind_if_pending(None, shutdown)?;
             }
         }
         Ok(())
+    }
+
+    /// Tells the transform which partitions the rebalances since the last turn moved.
+    fn hand_over_changes(&mut self) {
+        for change in self.consumer.context().take_changes() {
+            match change {
+                Change::Assigned(ps) => self.transform.assigned(&ps),
+                Change::Revoked(ps) => self.transform.revoked(&ps),
+            }
+        }
     }
 
     /// Commits what is open, within the shutdown grace.
@@ -249,7 +304,7 @@ impl Pipeline<'_> {
         let mut driver = self.consumer.context().driver();
         driver.set_deadline(deadline);
         match driver.commit(self.consumer)? {
-            Outcome::Committed { records } => info!(records, "final transaction committed"),
+            Outcome::Committed { records } => events::committed(records, "shutdown"),
             Outcome::Aborted => {
                 warn!("final transaction aborted; its records are read again next time")
             }
@@ -258,18 +313,11 @@ impl Pipeline<'_> {
         Ok(())
     }
 
-    fn driver_due_in(&self) -> Option<Duration> {
-        self.consumer
-            .context()
-            .driver()
-            .due_in(self.config.commit_interval)
-    }
-
     fn process(&mut self, msg: &BorrowedMessage<'_>) -> Result<(), Error> {
         let input = input_record(msg);
         let bytes = (input.key.map_or(0, <[u8]>::len) + input.value.map_or(0, <[u8]>::len)) as u64;
         let mut driver = self.consumer.context().driver();
-        if !driver.begin()? {
+        if driver.begin()? == Began::Replaced {
             // The producer was replaced; the record comes again after the rewind.
             driver.rewind_also(input.topic, input.partition, input.offset);
             return Ok(());
@@ -277,7 +325,19 @@ impl Pipeline<'_> {
         let (p, o) = (input.partition, input.offset);
         let verdict = driver.verdicts().get(input.topic, p, o);
         let max = self.max_message_bytes;
-        let result = records::outputs(&self.transform, &input, self.config.lineage, max);
+        let result =
+            match records::outputs(self.transform.as_mut(), &input, self.config.lineage, max) {
+                Ok(outputs) => Ok(outputs),
+                Err(Failure::BadRecord(e)) => Err(e),
+                Err(Failure::Unavailable(why)) => {
+                    return self.transform_unavailable(&mut driver, &input, &why);
+                }
+            };
+        if self.unavailable {
+            self.unavailable = false;
+            // Not ready again from the moment shutdown began.
+            self.health.set_ready(!self.shutdown.is_cancelled());
+        }
         let sent = match (verdict, result) {
             (None, Ok(outputs)) => self.send_outputs(&mut driver, &input, outputs, false),
             (None, Err(err)) => {
@@ -342,25 +402,41 @@ impl Pipeline<'_> {
             Err(SendError::TooLarge) => {
                 // librdkafka refused a record the size check let through. The driver holds
                 // the verdict; the replay sends the next smaller copy.
-                if self.config.on_error == OnError::Fail {
-                    driver.abort(Reason::RecordFailed)?;
+                if self.config.transform.on_error == OnError::Fail {
+                    driver.abort(AbortReason::RecordFailed)?;
                     return Err(Error::RecordFailed(format!(
                         "record {}/{p}/{o}: the producer refused an output (or its DLQ copy) \
                          as larger than its message.max.bytes",
                         input.topic
                     )));
                 }
-                driver.abort(Reason::OutputTooLarge)?;
+                driver.abort(AbortReason::OutputTooLarge)?;
                 driver.rewind_also(input.topic, p, o);
                 Ok(())
             }
         }
     }
 
+    /// The transform cannot work right now: abort, rewind (the record comes again), back off
+    /// (the rewind pauses longer with each abort in a row), and report not ready meanwhile.
+    fn transform_unavailable(
+        &mut self,
+        driver: &mut Driver,
+        input: &InputRecord<'_>,
+        why: &str,
+    ) -> Result<(), Error> {
+        TransformUnavailable { why }.emit();
+        self.unavailable = true;
+        self.health.set_ready(false);
+        driver.abort(AbortReason::TransformUnavailable)?;
+        driver.rewind_also(input.topic, input.partition, input.offset);
+        Ok(())
+    }
+
     /// Sends the outputs of one input; `alone`: each in a batch of its own, waited for.
     fn send_outputs(
         &mut self,
-        driver: &mut TxnDriver,
+        driver: &mut Driver,
         input: &InputRecord<'_>,
         outputs: Vec<Outgoing<'_>>,
         alone: bool,
@@ -372,8 +448,8 @@ impl Pipeline<'_> {
         for mut o in outputs {
             let routed = o.topic.take();
             let topic = routed.as_deref().unwrap_or(&self.config.output_topic);
-            driver.send(base_record(topic, &mut o, input.timestamp), source, alone)?;
-            self.counters.produced(driver.metrics(), topic).inc();
+            driver.send(topic, &mut o, input.timestamp, source, alone)?;
+            self.counters.produced(self.metrics, topic).inc();
         }
         Ok(())
     }
@@ -383,19 +459,23 @@ impl Pipeline<'_> {
     /// rejected; `alone`: sent in a batch of its own (a suspect).
     fn bad_record(
         &mut self,
-        driver: &mut TxnDriver,
+        driver: &mut Driver,
         input: &InputRecord<'_>,
         err: TransformError,
         copy: Form,
         alone: bool,
     ) -> Result<Result<(), SendError>, Error> {
         let (topic, partition, offset) = (input.topic, input.partition, input.offset);
-        match self.config.on_error {
+        let event = BadRecord {
+            topic,
+            partition,
+            offset,
+            error: &err,
+            dead_letter: Some(&copy),
+        };
+        match self.config.transform.on_error {
             OnError::Dlq => {
-                warn!(
-                    topic, partition, offset, reason = err.reason.as_str(), error = %err.message,
-                    copy = ?copy, "record to the dead-letter topic"
-                );
+                event.emit();
                 let lineage = self.config.lineage;
                 let (mut d, timestamp) = match copy {
                     Form::Minimal => {
@@ -409,18 +489,19 @@ impl Pipeline<'_> {
                     ),
                 };
                 driver.dead_lettered(err.reason);
-                let rec = base_record(&self.config.dlq_topic, &mut d, timestamp);
-                Ok(driver.send(rec, source(input, copy), alone))
+                let dlq = &self.config.dlq_topic;
+                Ok(driver.send(dlq, &mut d, timestamp, source(input, copy), alone))
             }
             OnError::Skip => {
-                warn!(
-                    topic, partition, offset, reason = err.reason.as_str(), error = %err.message,
-                    "record skipped"
-                );
+                BadRecord {
+                    dead_letter: None,
+                    ..event
+                }
+                .emit();
                 Ok(Ok(()))
             }
             OnError::Fail => {
-                driver.abort(Reason::RecordFailed)?;
+                driver.abort(AbortReason::RecordFailed)?;
                 Err(Error::RecordFailed(format!(
                     "record {topic}/{partition}/{offset} cannot be transformed: {err}"
                 )))
@@ -428,7 +509,7 @@ impl Pipeline<'_> {
         }
     }
 
-    fn consumer_error(&self, e: KafkaError) -> Result<(), Error> {
+    fn consumer_error(&self, e: KafkaError) -> Result<(), Interrupt> {
         let facts = Facts::of(&e);
         match e {
             KafkaError::PartitionEOF(_) => Ok(()),
@@ -438,16 +519,12 @@ impl Pipeline<'_> {
             KafkaError::MessageConsumptionFatal(_)
                 if classify(Call::Produce, &facts) != Action::Exit =>
             {
-                Err(Error::ConsumerFenced(e))
+                Err(Interrupt::ReplaceConsumer(e))
             }
-            KafkaError::MessageConsumptionFatal(_) => Err(Error::Unrecoverable {
-                context: "consuming".into(),
-                source: e,
-            }),
-            _ if classify(Call::Produce, &facts) == Action::Exit => Err(Error::Unrecoverable {
-                context: "consuming".into(),
-                source: e,
-            }),
+            KafkaError::MessageConsumptionFatal(_) => Err(unrecoverable("consuming", e)),
+            _ if classify(Call::Produce, &facts) == Action::Exit => {
+                Err(unrecoverable("consuming", e))
+            }
             _ => {
                 warn!(error = %e, "consumer error");
                 Ok(())
@@ -462,9 +539,8 @@ impl Pipeline<'_> {
     fn rewind_if_pending(
         &self,
         polled: Option<(&str, i32, i64)>,
-        health: &Health,
         shutdown: &CancellationToken,
-    ) -> Result<bool, Error> {
+    ) -> Result<bool, Interrupt> {
         let firsts = {
             let mut driver = self.consumer.context().driver();
             if let Some((topic, partition, offset)) = polled {
@@ -476,7 +552,7 @@ impl Pipeline<'_> {
             return Ok(false);
         };
         let timeout = self.config.transaction_timeout;
-        rewind(self.consumer, &firsts, timeout, health, shutdown)?;
+        rewind::rewind(self.consumer, &firsts, timeout, self.health, shutdown)?;
         let failures = self.consumer.context().driver().failures_in_a_row();
         if failures > 1 {
             // Aborts in a row (a broker outage, a poison output): do not spin.
@@ -485,109 +561,6 @@ impl Pipeline<'_> {
         }
         Ok(true)
     }
-}
-
-/// Seeks each assigned partition to its committed offset (the broker's word, read after the
-/// aborted or unknown transaction was settled). A partition with no committed offset goes back
-/// to where the aborted transaction first read it. Reading the committed offsets is retried
-/// for up to `timeout`, then the consumer is replaced (a new one starts from the committed
-/// offsets); a shutdown stops it at once (nothing is open, the loop ends next).
-fn rewind(
-    consumer: &PipelineConsumer,
-    firsts: &HashMap<Tp, i64>,
-    timeout: Duration,
-    health: &Health,
-    shutdown: &CancellationToken,
-) -> Result<(), Error> {
-    let assignment = consumer.assignment().map_err(|e| Error::Unrecoverable {
-        context: "reading the assignment".into(),
-        source: e,
-    })?;
-    if assignment.count() == 0 {
-        return Ok(());
-    }
-    let mut backoff = Duration::from_millis(100);
-    let give_up = Instant::now() + timeout;
-    let committed = loop {
-        health.beat();
-        let result = {
-            let _g = health.in_call("committed offsets");
-            consumer.committed_offsets(assignment.clone(), timeout)
-        };
-        match result {
-            Ok(c) => break c,
-            Err(e) => {
-                if classify(Call::SendOffsets, &Facts::of(&e)) == Action::Exit {
-                    return Err(Error::Unrecoverable {
-                        context: "reading committed offsets".into(),
-                        source: e,
-                    });
-                }
-                if shutdown.is_cancelled() {
-                    return Ok(());
-                }
-                if Instant::now() >= give_up {
-                    warn!(error = %e, "committed offsets unreadable; replacing the consumer");
-                    return Err(Error::ConsumerFenced(e));
-                }
-                warn!(error = %e, "reading committed offsets failed; retrying");
-                std::thread::sleep(backoff.min(give_up.saturating_duration_since(Instant::now())));
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-            }
-        }
-    };
-    let mut seek = TopicPartitionList::new();
-    for e in committed.elements() {
-        let target = match e.offset() {
-            Offset::Offset(o) => Some(o),
-            _ => firsts.get(&(e.topic().to_string(), e.partition())).copied(),
-        };
-        if let Some(o) = target {
-            let _ = seek.add_partition_offset(e.topic(), e.partition(), Offset::Offset(o));
-        }
-    }
-    if seek.count() == 0 {
-        return Ok(());
-    }
-    let result = consumer
-        .seek_partitions(seek, timeout)
-        .map_err(|e| Error::Unrecoverable {
-            context: "rewinding to the committed offsets".into(),
-            source: e,
-        })?;
-    for e in result.elements() {
-        if let Err(err) = e.error() {
-            // A partition that cannot be rewound must not be read on from where it stands:
-            // its aborted records would be skipped. This consumer is being fenced or
-            // rebalanced away; a new one starts from the committed offsets.
-            warn!(topic = e.topic(), partition = e.partition(), error = %err, "seek failed");
-            return Err(Error::ConsumerFenced(err));
-        }
-    }
-    info!(partitions = %kafka::describe(&result), "rewound to the committed offsets");
-    Ok(())
-}
-
-/// A librdkafka record of an [`Outgoing`] (whose headers it takes), with `timestamp` (the
-/// input's, or librdkafka's time of sending when `None`).
-fn base_record<'a>(
-    topic: &'a str,
-    o: &'a mut Outgoing<'_>,
-    timestamp: Option<i64>,
-) -> BaseRecord<'a, [u8], [u8], usize> {
-    let headers = std::mem::take(&mut o.headers);
-    let o: &'a Outgoing<'_> = o;
-    let mut rec = BaseRecord::<[u8], [u8], usize>::with_opaque_to(topic, 0).headers(headers);
-    if let Some(k) = o.key.as_deref() {
-        rec = rec.key(k);
-    }
-    if let Some(v) = o.value.as_deref() {
-        rec = rec.payload(v);
-    }
-    if let Some(ts) = timestamp {
-        rec = rec.timestamp(ts);
-    }
-    rec
 }
 
 /// Where a record sent for `input` came from.
@@ -615,21 +588,16 @@ fn input_record<'a>(msg: &'a BorrowedMessage<'a>) -> InputRecord<'a> {
 }
 
 /// The output (and DLQ) topics must exist; returns the producer's message.max.bytes.
-fn check_topics(driver: &TxnDriver, config: &Config) -> Result<usize, Error> {
+fn check_topics(driver: &Driver, config: &Config) -> Result<usize, Error> {
     let mut needed = vec![("--output-topic", config.output_topic.as_str())];
-    if config.on_error == OnError::Dlq {
+    if config.transform.on_error == OnError::Dlq {
         needed.push(("--dlq-topic", config.dlq_topic.as_str()));
     }
-    let client = driver.producer().client();
     for (flag, topic) in needed {
-        let md = client
-            .fetch_metadata(Some(topic), config.startup_timeout)
+        let exists = driver
+            .topic_exists(topic, config.startup_timeout)
             .map_err(|e| Error::Startup(format!("{flag}: reading metadata of '{topic}': {e}")))?;
-        let missing = md
-            .topics()
-            .iter()
-            .all(|t| t.name() != topic || t.error().is_some());
-        if missing {
+        if !exists {
             return Err(Error::Config(format!(
                 "{flag}: topic '{topic}' does not exist; create it first{}",
                 if flag == "--dlq-topic" {
@@ -640,9 +608,18 @@ fn check_topics(driver: &TxnDriver, config: &Config) -> Result<usize, Error> {
             )));
         }
     }
-    let max = kafka::producer_config(config)
+    let max = config
+        .kafka
+        .to_rdkafka(Role::Idempotent)
         .get("message.max.bytes")
         .and_then(|v| v.parse().ok())
         .unwrap_or(1_000_000);
     Ok(max)
+}
+
+fn unrecoverable(context: &str, source: KafkaError) -> Interrupt {
+    Interrupt::Fail(Error::Unrecoverable {
+        context: context.into(),
+        source,
+    })
 }

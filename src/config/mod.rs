@@ -1,0 +1,152 @@
+//! Command line and environment: every option is a long flag and an `EXACTLY_…` variable.
+//!
+//! Parsing (clap) catches malformed values; each subcommand's `validate` checks how values fit
+//! together and resolves defaults. Both happen before any Kafka client exists, so a bad value
+//! fails start-up with a message naming the option and nothing is consumed or produced.
+//!
+//! - [`run`]: `exactly run` ([`RunArgs`] → [`Config`]);
+//! - [`audit`]: `exactly audit` ([`AuditArgs`] → [`AuditConfig`]);
+//! - [`transform`]: the transform and its error policy, shared by both (the audit replays it);
+//! - here: the command line itself and the parsing both subcommands share.
+
+pub mod audit;
+pub mod run;
+pub mod transform;
+
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::error::Error;
+
+pub use audit::{AuditArgs, AuditConfig, Bound, Plan};
+pub use run::{Config, Guarantee, Input, RunArgs, TestAborts};
+pub use transform::{OnError, TransformArgs, TransformConfig, TransformSpec};
+
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "exactly",
+    version,
+    about = "Kafka to Kafka through a transform, exactly once"
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Consume, transform and produce, committing outputs and offsets in one transaction.
+    Run(Box<RunArgs>),
+    /// Check that a pipeline delivered exactly once: replay the transform over a range of the
+    /// input and match every output and DLQ record to its input. Exit 0: clean; 1: anomalies;
+    /// 2: bad options; 3: the audit could not complete.
+    Audit(Box<AuditArgs>),
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object a line.
+    Json,
+}
+
+/// librdkafka keys that exactly sets itself, and the option to use instead.
+const CONSUMER_OWNED: &[(&str, &str)] = &[
+    ("bootstrap.servers", "--bootstrap-servers"),
+    ("metadata.broker.list", "--bootstrap-servers"),
+    ("group.id", "--group-id"),
+    (
+        "group.instance.id",
+        "--static-membership with --instance-id",
+    ),
+    (
+        "enable.auto.commit",
+        "nothing: offsets are committed inside each transaction",
+    ),
+    (
+        "enable.auto.offset.store",
+        "nothing: offsets are committed inside each transaction",
+    ),
+    (
+        "isolation.level",
+        "nothing: exactly always reads read_committed",
+    ),
+    ("statistics.interval.ms", "--lag-interval"),
+];
+const PRODUCER_OWNED: &[(&str, &str)] = &[
+    ("bootstrap.servers", "--bootstrap-servers"),
+    ("metadata.broker.list", "--bootstrap-servers"),
+    ("transactional.id", "--transactional-id"),
+    ("transaction.timeout.ms", "--transaction-timeout"),
+    (
+        "enable.idempotence",
+        "nothing: transactions need the idempotent producer",
+    ),
+    ("acks", "nothing: transactions need acks=all"),
+    (
+        "request.required.acks",
+        "nothing: transactions need acks=all",
+    ),
+];
+
+/// Kafka's own rule: 1–249 characters of `[a-zA-Z0-9._-]`, not `.` or `..`.
+fn check_topic_name(flag: &str, name: &str) -> Result<(), Error> {
+    let ok = !name.is_empty()
+        && name.len() <= 249
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "{flag}: '{name}' is not a valid topic name (1-249 of a-z A-Z 0-9 . _ -)"
+        )))
+    }
+}
+
+/// Refuses keys exactly owns, and asks librdkafka whether each remaining key and value exist.
+fn check_passthrough(
+    flag: &str,
+    pairs: &[(String, String)],
+    owned: &[(&str, &str)],
+) -> Result<(), Error> {
+    for (key, value) in pairs {
+        if let Some((_, instead)) = owned.iter().find(|(k, _)| *k == key) {
+            return Err(Error::Config(format!(
+                "{flag}: '{key}' is set by exactly and cannot be overridden; use {instead}"
+            )));
+        }
+        let mut one = rdkafka::ClientConfig::new();
+        one.set(key, value);
+        if let Err(e) = one.create_native_config() {
+            return Err(Error::Config(format!("{flag}: {key}={value}: {e}")));
+        }
+    }
+    Ok(())
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 100ms, 5s, 2m)"))
+}
+
+fn parse_key_value(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+        _ => Err(format!("'{s}' is not key=value")),
+    }
+}
+
+fn parse_log_filter(s: &str) -> Result<String, String> {
+    tracing_subscriber::EnvFilter::try_new(s)
+        .map(|_| s.to_string())
+        .map_err(|e| format!("not a log level or filter: {e}"))
+}

@@ -1,0 +1,351 @@
+//! Kafka clients, built in one place: one [`Settings`] object and one [`Role`] per client.
+//!
+//! Every client exactly creates (the pipeline's consumer and producer, the lag clients, the
+//! audit's readers) gets its librdkafka settings from [`Settings::to_rdkafka`], in one order:
+//! the role's defaults, then the user's passthrough keys (`--consumer-config`,
+//! `--producer-config`), then the keys the role fixes. A user can change a default
+//! (`auto.offset.reset`), never a fixed key (`isolation.level`). Start-up refuses the
+//! pipeline's fixed keys with the option to use instead; the few keys only the tools fix (the
+//! lag clients' `client.id`, the audit's `enable.partition.eof`) simply win.
+//!
+//! A leaf: nothing here knows the rest of exactly. The librdkafka calls rust-rdkafka does not
+//! offer live behind small safe wrappers: [`raw_headers`] (header names as bytes) and
+//! [`flush`].
+
+pub mod raw_headers;
+
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::Producer;
+use rdkafka::topic_partition_list::TopicPartitionList;
+
+/// How to reach the cluster, and the user's extra librdkafka settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// `bootstrap.servers`.
+    pub bootstrap_servers: String,
+    /// `client.id` of the pipeline's clients (the lag clients add `-lag`).
+    pub client_id: String,
+    /// Extra consumer settings (also used by every reading client: they carry security and
+    /// network settings).
+    pub consumer: Vec<(String, String)>,
+    /// Extra producer settings.
+    pub producer: Vec<(String, String)>,
+}
+
+/// Which client, with what only that client needs.
+#[derive(Clone, Copy, Debug)]
+pub enum Role<'a> {
+    /// The pipeline's read_committed, manually committed consumer.
+    Pipeline {
+        /// Consumer group.
+        group: &'a str,
+        /// `group.instance.id` (static membership), if any.
+        instance: Option<&'a str>,
+        /// librdkafka statistics (the lag positions) every this long.
+        statistics: Duration,
+    },
+    /// The transactional producer of exactly-once.
+    Transactional {
+        /// `transactional.id`.
+        id: &'a str,
+        /// `transaction.timeout.ms`.
+        timeout: Duration,
+    },
+    /// The idempotent producer of at-least-once (no transactions).
+    Idempotent,
+    /// A client that only asks for end offsets with this isolation (the lag gauges).
+    EndOffsets {
+        /// `read_committed` (the last stable offset) or `read_uncommitted` (high watermark).
+        isolation: Isolation,
+    },
+    /// The audit's reader of topic ranges.
+    AuditReader {
+        /// What it reads.
+        isolation: Isolation,
+    },
+    /// A reader of a group's committed offsets (the audit, offset stores).
+    GroupOffsets {
+        /// The group.
+        group: &'a str,
+    },
+}
+
+/// `isolation.level`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isolation {
+    /// Only committed transactions.
+    ReadCommitted,
+    /// Everything, aborted and open transactions too.
+    ReadUncommitted,
+}
+
+impl Isolation {
+    /// librdkafka's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isolation::ReadCommitted => "read_committed",
+            Isolation::ReadUncommitted => "read_uncommitted",
+        }
+    }
+}
+
+impl Settings {
+    /// The librdkafka settings of `role`: its defaults, the user's keys, its fixed keys.
+    pub fn to_rdkafka(&self, role: Role<'_>) -> ClientConfig {
+        let mut defaults: Vec<(&str, String)> = Vec::new();
+        let mut fixed: Vec<(&str, String)> =
+            vec![("bootstrap.servers", self.bootstrap_servers.clone())];
+        let user = match role {
+            Role::Pipeline {
+                group,
+                instance,
+                statistics,
+            } => {
+                defaults.extend([
+                    ("client.id", self.client_id.clone()),
+                    ("partition.assignment.strategy", "cooperative-sticky".into()),
+                    ("auto.offset.reset", "earliest".into()),
+                ]);
+                fixed.extend([
+                    ("group.id", group.to_string()),
+                    ("isolation.level", Isolation::ReadCommitted.as_str().into()),
+                    ("enable.auto.commit", "false".into()),
+                    ("enable.auto.offset.store", "false".into()),
+                    ("statistics.interval.ms", statistics.as_millis().to_string()),
+                ]);
+                if let Some(id) = instance {
+                    fixed.push(("group.instance.id", id.to_string()));
+                }
+                &self.consumer
+            }
+            Role::Transactional { id, timeout } => {
+                defaults.push(("client.id", self.client_id.clone()));
+                fixed.extend(idempotent());
+                fixed.extend([
+                    ("transactional.id", id.to_string()),
+                    ("transaction.timeout.ms", timeout.as_millis().to_string()),
+                ]);
+                &self.producer
+            }
+            Role::Idempotent => {
+                defaults.push(("client.id", self.client_id.clone()));
+                fixed.extend(idempotent());
+                &self.producer
+            }
+            Role::EndOffsets { isolation } => {
+                fixed.extend([
+                    ("client.id", format!("{}-lag", self.client_id)),
+                    ("isolation.level", isolation.as_str().into()),
+                    ("enable.auto.commit", "false".into()),
+                ]);
+                &self.consumer
+            }
+            Role::AuditReader { isolation } => {
+                fixed.extend([
+                    ("group.id", "exactly-audit".into()),
+                    ("enable.auto.commit", "false".into()),
+                    ("enable.partition.eof", "true".into()),
+                    ("isolation.level", isolation.as_str().into()),
+                ]);
+                &self.consumer
+            }
+            Role::GroupOffsets { group } => {
+                fixed.extend([
+                    ("group.id", group.to_string()),
+                    ("enable.auto.commit", "false".into()),
+                    (
+                        "isolation.level",
+                        Isolation::ReadUncommitted.as_str().into(),
+                    ),
+                ]);
+                &self.consumer
+            }
+        };
+        let mut c = ClientConfig::new();
+        for (k, v) in defaults {
+            c.set(k, v);
+        }
+        for (k, v) in user {
+            c.set(k, v);
+        }
+        for (k, v) in fixed {
+            c.set(k, v);
+        }
+        c
+    }
+}
+
+/// What both producers fix: transactions need the idempotent producer and acks from all
+/// replicas, and at-least-once keeps both so a retry never duplicates.
+fn idempotent() -> [(&'static str, String); 2] {
+    [
+        ("enable.idempotence", "true".into()),
+        ("acks", "all".into()),
+    ]
+}
+
+/// librdkafka's flush, waiting up to `timeout` for every outstanding delivery.
+///
+/// rust-rdkafka's `flush` (which its `commit_transaction` calls first) polls the producer's
+/// event queue in steps of up to 100 ms, but a `ThreadedProducer`'s own thread takes those
+/// events first, so every flush slept up to 100 ms after the last delivery: commits took
+/// 65-100 ms and the loop stood still meanwhile (BENCHMARKS.md, "Profile"). With delivery
+/// reports as events, librdkafka's flush waits on the count of outstanding messages instead.
+pub fn flush<P: Producer<C>, C: rdkafka::producer::ProducerContext>(
+    producer: &P,
+    timeout: Duration,
+) -> Result<(), KafkaError> {
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: the handle is alive for the call (borrowed from the producer); rd_kafka_flush is
+    // thread-safe.
+    let err = unsafe { rdkafka_sys::rd_kafka_flush(producer.client().native_ptr(), ms) };
+    if err == rdkafka_sys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+        Ok(())
+    } else {
+        Err(KafkaError::Flush(err.into()))
+    }
+}
+
+/// `topic[0,1,2] other[5]`, for logs.
+pub fn describe(tpl: &TopicPartitionList) -> String {
+    let mut by_topic: std::collections::BTreeMap<String, Vec<i32>> = Default::default();
+    for e in tpl.elements() {
+        by_topic
+            .entry(e.topic().to_string())
+            .or_default()
+            .push(e.partition());
+    }
+    by_topic
+        .into_iter()
+        .map(|(t, mut ps)| {
+            ps.sort_unstable();
+            let ps: Vec<String> = ps.iter().map(i32::to_string).collect();
+            format!("{t}[{}]", ps.join(","))
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(consumer: &[(&str, &str)], producer: &[(&str, &str)]) -> Settings {
+        let own = |kv: &[(&str, &str)]| {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        Settings {
+            bootstrap_servers: "h:1".into(),
+            client_id: "exactly-pod-0".into(),
+            consumer: own(consumer),
+            producer: own(producer),
+        }
+    }
+
+    fn pipeline(instance: Option<&str>) -> Role<'_> {
+        Role::Pipeline {
+            group: "g",
+            instance,
+            statistics: Duration::from_secs(5),
+        }
+    }
+
+    #[test]
+    fn consumer_reads_committed_and_never_autocommits() {
+        let cc = settings(&[], &[]).to_rdkafka(pipeline(None));
+        assert_eq!(cc.get("isolation.level"), Some("read_committed"));
+        assert_eq!(cc.get("enable.auto.commit"), Some("false"));
+        assert_eq!(cc.get("group.id"), Some("g"));
+        assert_eq!(
+            cc.get("partition.assignment.strategy"),
+            Some("cooperative-sticky")
+        );
+        assert_eq!(cc.get("group.instance.id"), None);
+        assert_eq!(cc.get("statistics.interval.ms"), Some("5000"));
+        let cc = settings(&[], &[]).to_rdkafka(pipeline(Some("pod-0")));
+        assert_eq!(cc.get("group.instance.id"), Some("pod-0"));
+    }
+
+    #[test]
+    fn producer_is_transactional() {
+        let s = settings(&[], &[]);
+        let pc = s.to_rdkafka(Role::Transactional {
+            id: "g-pod-0",
+            timeout: Duration::from_secs(30),
+        });
+        assert_eq!(pc.get("transactional.id"), Some("g-pod-0"));
+        assert_eq!(pc.get("transaction.timeout.ms"), Some("30000"));
+        assert_eq!(pc.get("enable.idempotence"), Some("true"));
+        let pc = s.to_rdkafka(Role::Idempotent);
+        assert_eq!(pc.get("transactional.id"), None);
+        assert_eq!(pc.get("transaction.timeout.ms"), None);
+        assert_eq!(pc.get("enable.idempotence"), Some("true"));
+        assert_eq!(pc.get("acks"), Some("all"));
+    }
+
+    #[test]
+    fn passthrough_is_applied() {
+        let s = settings(&[("auto.offset.reset", "latest")], &[("linger.ms", "50")]);
+        let cc = s.to_rdkafka(pipeline(None));
+        assert_eq!(cc.get("auto.offset.reset"), Some("latest"));
+        let pc = s.to_rdkafka(Role::Idempotent);
+        assert_eq!(pc.get("linger.ms"), Some("50"));
+        // Producer keys stay off consumers and the other way round.
+        assert_eq!(cc.get("linger.ms"), None);
+        assert_eq!(pc.get("auto.offset.reset"), None);
+    }
+
+    #[test]
+    fn one_order_for_every_role_defaults_then_user_then_fixed() {
+        // Keys start-up would refuse from the user, to see which side wins.
+        let s = settings(
+            &[
+                ("client.id", "mine"),
+                ("isolation.level", "read_uncommitted"),
+                ("enable.partition.eof", "false"),
+                ("security.protocol", "ssl"),
+            ],
+            &[],
+        );
+        let cc = s.to_rdkafka(pipeline(None));
+        assert_eq!(cc.get("client.id"), Some("mine"), "a default gives way");
+        assert_eq!(cc.get("isolation.level"), Some("read_committed"), "fixed");
+        for role in [
+            Role::EndOffsets {
+                isolation: Isolation::ReadUncommitted,
+            },
+            Role::AuditReader {
+                isolation: Isolation::ReadCommitted,
+            },
+            Role::GroupOffsets { group: "g" },
+        ] {
+            let c = s.to_rdkafka(role);
+            assert_eq!(c.get("security.protocol"), Some("ssl"), "{role:?}");
+            assert_eq!(c.get("bootstrap.servers"), Some("h:1"), "{role:?}");
+        }
+        let end = s.to_rdkafka(Role::EndOffsets {
+            isolation: Isolation::ReadUncommitted,
+        });
+        assert_eq!(end.get("client.id"), Some("exactly-pod-0-lag"));
+        assert_eq!(end.get("isolation.level"), Some("read_uncommitted"));
+        let audit = s.to_rdkafka(Role::AuditReader {
+            isolation: Isolation::ReadCommitted,
+        });
+        assert_eq!(audit.get("enable.partition.eof"), Some("true"));
+        assert_eq!(audit.get("isolation.level"), Some("read_committed"));
+    }
+
+    #[test]
+    fn describe_groups_by_topic() {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition("b", 2);
+        tpl.add_partition("a", 1);
+        tpl.add_partition("b", 0);
+        assert_eq!(describe(&tpl), "a[1] b[0,2]");
+    }
+}

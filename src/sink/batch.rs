@@ -1,0 +1,165 @@
+//! The open unit of work, as every sink counts it: records, bytes, offsets per partition.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::events::TransactionCommitted;
+use crate::metrics::Metrics;
+use crate::transform::{Reason, Tp};
+
+/// One input record, as the open unit counts it.
+#[derive(Debug, Clone, Copy)]
+pub struct Consumed<'a> {
+    /// Input topic.
+    pub topic: &'a str,
+    /// Input partition.
+    pub partition: i32,
+    /// Input offset.
+    pub offset: i64,
+    /// Key and value bytes.
+    pub bytes: u64,
+    /// Input timestamp, ms since the epoch.
+    pub timestamp: Option<i64>,
+}
+
+/// One open unit (a transaction, or an at-least-once batch).
+#[derive(Debug)]
+pub(super) struct Batch {
+    pub(super) began: Instant,
+    pub(super) records: u64,
+    pub(super) bytes: u64,
+    /// First offset consumed, next offset to consume, and records consumed, per topic and
+    /// partition. Keyed by topic first so that the per-record look-up borrows the topic name
+    /// instead of copying it.
+    offsets: HashMap<String, HashMap<i32, (i64, i64, u64)>>,
+    /// Input timestamps (ms since the epoch), for the end-to-end latency at commit.
+    timestamps: Vec<i64>,
+    /// Inputs that yielded no output, and DLQ records by reason (index in [`Reason::ALL`]):
+    /// counted when the unit commits, so that a record replayed after an abort counts once.
+    pub(super) filtered: u64,
+    dead_lettered: [u64; Reason::ALL.len()],
+}
+
+impl Batch {
+    pub(super) fn new() -> Batch {
+        Batch {
+            began: Instant::now(),
+            records: 0,
+            bytes: 0,
+            offsets: HashMap::new(),
+            timestamps: Vec::new(),
+            filtered: 0,
+            dead_lettered: Default::default(),
+        }
+    }
+
+    pub(super) fn consumed(&mut self, record: Consumed<'_>) {
+        let Consumed {
+            topic,
+            partition,
+            offset,
+            bytes,
+            timestamp,
+        } = record;
+        self.records += 1;
+        self.bytes += bytes;
+        if let Some(ts) = timestamp {
+            self.timestamps.push(ts);
+        }
+        let partitions = match self.offsets.get_mut(topic) {
+            Some(p) => p,
+            None => self.offsets.entry(topic.to_string()).or_default(),
+        };
+        partitions
+            .entry(partition)
+            .and_modify(|e| {
+                e.1 = offset + 1;
+                e.2 += 1;
+            })
+            .or_insert((offset, offset + 1, 1));
+    }
+
+    pub(super) fn dead_lettered(&mut self, reason: Reason) {
+        let i = Reason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or_default();
+        self.dead_lettered[i] += 1;
+    }
+
+    /// What the commit sends: the next offset of each consumed partition.
+    pub(super) fn next_offsets(&self) -> impl Iterator<Item = (&str, i32, i64)> {
+        self.offsets.iter().flat_map(|(t, ps)| {
+            ps.iter()
+                .map(move |(p, (_, next, _))| (t.as_str(), *p, *next))
+        })
+    }
+
+    /// Where each consumed partition started in this unit.
+    pub(super) fn first_offsets(self) -> impl Iterator<Item = (Tp, i64)> {
+        self.offsets.into_iter().flat_map(|(t, ps)| {
+            ps.into_iter()
+                .map(move |(p, (first, _, _))| ((t.clone(), p), first))
+        })
+    }
+
+    /// Counts the committed unit.
+    pub(super) fn emit_committed(&self, took: Duration, m: &Metrics) {
+        let consumed: Vec<(&str, i32, u64)> = self
+            .offsets
+            .iter()
+            .flat_map(|(t, ps)| ps.iter().map(move |(p, (_, _, n))| (t.as_str(), *p, *n)))
+            .collect();
+        TransactionCommitted {
+            consumed: &consumed,
+            filtered: self.filtered,
+            dead_lettered: &self.dead_lettered,
+            records: self.records,
+            timestamps: &self.timestamps,
+            took,
+        }
+        .emit(m);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tracks_first_and_next_offset_per_partition() {
+        let mut t = Batch::new();
+        let at = |topic, partition, offset, bytes| Consumed {
+            topic,
+            partition,
+            offset,
+            bytes,
+            timestamp: None,
+        };
+        t.consumed(at("a", 0, 10, 5));
+        t.consumed(at("a", 0, 11, 5));
+        t.consumed(at("a", 1, 3, 1));
+        t.consumed(at("b", 0, 7, 1));
+        t.consumed(at("a", 0, 15, 5)); // a gap (filtered or aborted records) is fine
+        assert_eq!((t.records, t.bytes), (5, 17));
+        let mut next: Vec<_> = t
+            .next_offsets()
+            .map(|(t, p, o)| (t.to_string(), p, o))
+            .collect();
+        next.sort();
+        assert_eq!(
+            next,
+            [("a".into(), 0, 16), ("a".into(), 1, 4), ("b".into(), 0, 8)]
+        );
+        let mut first: Vec<_> = t.first_offsets().collect();
+        first.sort();
+        assert_eq!(
+            first,
+            [
+                (("a".into(), 0), 10),
+                (("a".into(), 1), 3),
+                (("b".into(), 0), 7)
+            ]
+        );
+    }
+}

@@ -1,0 +1,190 @@
+//! The librdkafka producer both Kafka sinks send through: delivery reports, the rejections
+//! among them, a send that waits while the local queue is full, and the flush.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::client::ClientContext;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use tracing::{debug, warn};
+
+use super::{Calls, Failed, Record};
+use crate::error::{Action, Call, Facts, classify, rejected_record};
+use crate::events::AbortReason;
+
+/// A producer whose delivery reports are counted and whose rejections are kept.
+pub struct KafkaProducer(ThreadedProducer<DeliveryContext>);
+
+/// Producer callbacks. In a transaction a failed delivery also makes the commit fail with an
+/// abortable error; without one (at-least-once) the sink counts failures itself and does not
+/// commit offsets past a batch that had any. Deliveries the broker rejected for what the record
+/// is are kept by their opaque, the record's index in the driver's `SentLog`.
+#[derive(Default)]
+pub struct DeliveryContext {
+    /// Records sent and not yet reported.
+    pending: AtomicU64,
+    /// Failed deliveries since the batch began.
+    failed: AtomicU64,
+    /// (send index, code) of each delivery rejected for the record's own fault.
+    rejections: Mutex<Vec<(usize, RDKafkaErrorCode)>>,
+}
+
+impl ClientContext for DeliveryContext {}
+
+impl ProducerContext for DeliveryContext {
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, index: usize) {
+        if let Err((e, _)) = result {
+            debug!(error = %e, "delivery failed; the batch will not commit");
+            self.failed.fetch_add(1, Ordering::SeqCst);
+            if let Some(code) = e
+                .rdkafka_error_code()
+                .filter(|c| rejected_record(*c).is_some())
+            {
+                self.rejections
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((index, code));
+            }
+        }
+        self.pending.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl KafkaProducer {
+    /// A producer with `config` (not yet transactional: see `init_transactions`).
+    pub fn create(config: &ClientConfig) -> Result<KafkaProducer, KafkaError> {
+        Ok(KafkaProducer(
+            config.create_with_context(DeliveryContext::default())?,
+        ))
+    }
+
+    /// The rust-rdkafka producer, for its transactional calls.
+    pub fn inner(&self) -> &ThreadedProducer<DeliveryContext> {
+        &self.0
+    }
+
+    /// A new batch: failures of earlier ones are settled, and reports of an earlier
+    /// transaction that came after it was settled name nothing here.
+    pub fn reset(&self) {
+        self.take_rejections();
+        self.0.context().failed.store(0, Ordering::SeqCst);
+    }
+
+    /// Failed deliveries since the batch began.
+    pub fn failed(&self) -> u64 {
+        self.0.context().failed.load(Ordering::SeqCst)
+    }
+
+    /// Sends one record, waiting while the local queue is full.
+    pub fn send(&self, r: Record<'_, '_>, calls: &Calls) -> Result<(), Failed> {
+        let mut record = base_record(r);
+        loop {
+            match self.0.send(record) {
+                Ok(()) => {
+                    self.0.context().pending.fetch_add(1, Ordering::SeqCst);
+                    return Ok(());
+                }
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    record = r;
+                    calls.health.beat();
+                    self.0.poll(Duration::from_millis(10));
+                }
+                // librdkafka's own check: the record's fault, like a broker's rejection.
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge), _)) => {
+                    return Err(Failed::TooLarge);
+                }
+                Err((e, _)) => {
+                    return Err(match classify(Call::Produce, &Facts::of(&e)) {
+                        Action::Exit => Failed::exit("producing", e),
+                        Action::RecreateProducer => {
+                            warn!(error = %e, "produce failed; recreating the producer");
+                            Failed::Recreate(AbortReason::ProduceFenced)
+                        }
+                        _ => {
+                            warn!(error = %e, "produce failed; aborting the transaction");
+                            Failed::Abort(AbortReason::ProduceFailed)
+                        }
+                    });
+                }
+            }
+        }
+    }
+
+    /// librdkafka's flush (see [`crate::kafka::flush`]).
+    pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
+        crate::kafka::flush(&self.0, timeout)
+    }
+
+    /// Flushes, then waits for the delivery callbacks of everything sent (they run on the
+    /// producer's thread, after librdkafka is done with a record). Whether all came.
+    pub fn settle(&self, calls: &Calls) -> bool {
+        let _g = calls.health.in_call("flush");
+        if let Err(e) = self.flush(calls.timeout()) {
+            debug!(error = %e, "flush around a record sent alone");
+        }
+        self.wait_for_reports(calls.timeout())
+    }
+
+    /// Waits up to `bound` for the delivery callbacks of everything sent. Whether all came.
+    pub fn wait_for_reports(&self, bound: Duration) -> bool {
+        let ctx = self.0.context();
+        let until = Instant::now() + bound;
+        while ctx.pending.load(Ordering::SeqCst) > 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        ctx.pending.load(Ordering::SeqCst) == 0
+    }
+
+    /// Takes the (send index, code) of every rejection so far.
+    pub fn take_rejections(&self) -> Vec<(usize, RDKafkaErrorCode)> {
+        let ctx = self.0.context();
+        std::mem::take(&mut *ctx.rejections.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Whether the broker rejected anything since the last take.
+    pub fn has_rejections(&self) -> bool {
+        let ctx = self.0.context();
+        !ctx.rejections
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+
+    /// Whether `topic` exists, as the cluster's metadata says.
+    pub fn topic_exists(&self, topic: &str, timeout: Duration) -> Result<bool, KafkaError> {
+        let md = self.0.client().fetch_metadata(Some(topic), timeout)?;
+        Ok(md
+            .topics()
+            .iter()
+            .any(|t| t.name() == topic && t.error().is_none()))
+    }
+}
+
+/// A librdkafka record of a [`Record`] (whose headers it takes), with its timestamp (the
+/// input's, or librdkafka's time of sending when `None`) and its index as the opaque.
+fn base_record<'a>(r: Record<'a, '_>) -> BaseRecord<'a, [u8], [u8], usize> {
+    let Record {
+        topic,
+        out,
+        timestamp,
+        index,
+    } = r;
+    let headers = std::mem::take(&mut out.headers);
+    let o: &'a crate::records::Outgoing<'_> = out;
+    let mut rec = BaseRecord::<[u8], [u8], usize>::with_opaque_to(topic, index).headers(headers);
+    if let Some(k) = o.key.as_deref() {
+        rec = rec.key(k);
+    }
+    if let Some(v) = o.value.as_deref() {
+        rec = rec.payload(v);
+    }
+    if let Some(ts) = timestamp {
+        rec = rec.timestamp(ts);
+    }
+    rec
+}
