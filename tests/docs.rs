@@ -1,0 +1,259 @@
+//! The reference docs cannot drift from the code. `docs/configuration.md` lists exactly the
+//! flags that `exactly run --help` and `exactly audit --help` print, with the same environment
+//! variables and defaults; `docs/metrics.md` lists exactly the metric families the registry
+//! exports, with the same types and label names. No broker needed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::Command;
+
+use exactly::metrics::{Family, Metrics};
+
+const CONFIGURATION: &str = "docs/configuration.md";
+const METRICS: &str = "docs/metrics.md";
+
+#[test]
+fn configuration_doc_matches_run_help() {
+    check_options("run", "## exactly run");
+}
+
+#[test]
+fn configuration_doc_matches_audit_help() {
+    check_options("audit", "## exactly audit");
+}
+
+#[test]
+fn metrics_doc_matches_the_registry() {
+    let metrics = Metrics::new();
+    let code: BTreeMap<&str, &Family> = metrics
+        .catalog()
+        .iter()
+        .map(|f| (f.name.as_str(), f))
+        .collect();
+    let mut docs = BTreeMap::new();
+    for row in table(METRICS, "## Metric families") {
+        let [name, kind, labels, _] = &row[..] else {
+            panic!("fix {METRICS}: a row needs four cells: {row:?}");
+        };
+        let name = spans(name).next().unwrap_or(name.as_str()).to_string();
+        let entry = (kind.clone(), label_names(labels));
+        assert!(
+            docs.insert(name, entry).is_none(),
+            "fix {METRICS}: {row:?} is listed twice"
+        );
+    }
+    same_names(
+        &format!("{METRICS}, `## Metric families`"),
+        code.keys().copied(),
+        docs.keys().map(String::as_str),
+    );
+    for (name, family) in &code {
+        let (kind, labels) = &docs[*name];
+        assert_eq!(
+            kind.as_str(),
+            family.kind,
+            "fix {METRICS}: the type of {name}"
+        );
+        let want: BTreeSet<String> = family.labels.iter().map(|l| l.to_string()).collect();
+        assert_eq!(labels, &want, "fix {METRICS}: the labels of {name}");
+    }
+}
+
+/// What `--help` says about one flag.
+#[derive(Debug, Default)]
+struct HelpFlag {
+    /// The `[env: NAME=]` variable, empty when there is none.
+    env: String,
+    /// The `[default: …]` value.
+    default: Option<String>,
+}
+
+/// Compares the table under `heading` with `exactly <subcommand> --help`.
+fn check_options(subcommand: &str, heading: &str) {
+    let help = help_flags(&help_text(subcommand));
+    assert_eq!(
+        help.get("--bootstrap-servers").map(|f| f.env.as_str()),
+        Some("EXACTLY_BOOTSTRAP_SERVERS"),
+        "fix tests/docs.rs: clap's help format changed, help_flags no longer reads it"
+    );
+    let mut docs = BTreeMap::new();
+    for row in table(CONFIGURATION, heading) {
+        let [flag, env, default, _] = &row[..] else {
+            panic!("fix {CONFIGURATION}, `{heading}`: a row needs four cells: {row:?}");
+        };
+        assert!(
+            flag.starts_with("`--"),
+            "fix {CONFIGURATION}, `{heading}`: a flag cell starts with one backquoted flag: {flag}"
+        );
+        let flag = spans(flag).next().unwrap_or_default().to_string();
+        let env = spans(env).next().unwrap_or(env.as_str()).to_string();
+        let entry = (env, default.clone());
+        assert!(
+            docs.insert(flag, entry).is_none(),
+            "fix {CONFIGURATION}, `{heading}`: {row:?} is listed twice"
+        );
+    }
+    same_names(
+        &format!("{CONFIGURATION}, `{heading}` (against `exactly {subcommand} --help`)"),
+        help.keys().map(String::as_str),
+        docs.keys().map(String::as_str),
+    );
+    for (flag, said) in &help {
+        let (env, default) = &docs[flag];
+        assert_eq!(
+            env, &said.env,
+            "fix {CONFIGURATION}, `{heading}`: the variable of {flag}"
+        );
+        if let Some(want) = &said.default {
+            assert!(
+                default == want || spans(default).any(|s| s == want.as_str()),
+                "fix {CONFIGURATION}, `{heading}`: {flag} defaults to `{want}`, not {default:?}"
+            );
+        }
+    }
+}
+
+/// Asserts that the docs name what the code names, no more, no less.
+fn same_names<'a>(
+    place: &str,
+    code: impl IntoIterator<Item = &'a str>,
+    docs: impl IntoIterator<Item = &'a str>,
+) {
+    let code: BTreeSet<&str> = code.into_iter().collect();
+    let docs: BTreeSet<&str> = docs.into_iter().collect();
+    let missing: Vec<_> = code.difference(&docs).collect();
+    let stale: Vec<_> = docs.difference(&code).collect();
+    assert!(
+        missing.is_empty() && stale.is_empty(),
+        "fix {place}: add {missing:?}; remove {stale:?}"
+    );
+}
+
+/// The output of `exactly <subcommand> --help`, uncoloured.
+fn help_text(subcommand: &str) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_exactly"));
+    cmd.args([subcommand, "--help"])
+        .env("NO_COLOR", "1")
+        .env_remove("CLICOLOR_FORCE");
+    // A variable that is set shows its value in `[env: NAME=value]`.
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("EXACTLY_") {
+            cmd.env_remove(name);
+        }
+    }
+    let out = cmd.output().expect("run exactly");
+    assert!(out.status.success(), "exactly {subcommand} --help: {out:?}");
+    String::from_utf8(out.stdout).expect("help is UTF-8")
+}
+
+/// Every long flag in clap's long help (what `--help` prints), but `--help` and `--version`.
+///
+/// Each option starts a block at a line `-h, --help` or `--name <VALUE>`; its description
+/// follows, then, after a blank line, any `Possible values:` with one `- value: …` a line, and,
+/// after another blank line, one annotation a line (`[env: NAME=]`, `[default: value]`). A
+/// description may itself contain `[default: …]`, but never after a blank line; an annotation
+/// that wraps continues until its brackets balance.
+fn help_flags(help: &str) -> BTreeMap<String, HelpFlag> {
+    let mut blocks: Vec<Vec<&str>> = Vec::new();
+    for line in help.lines().map(str::trim) {
+        let option = line.starts_with("--")
+            || line
+                .strip_prefix('-')
+                .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_alphanumeric()));
+        if option {
+            blocks.push(vec![line]);
+        } else if let Some(block) = blocks.last_mut() {
+            block.push(line);
+        }
+    }
+    let mut flags = BTreeMap::new();
+    for block in blocks {
+        let Some(at) = block[0].find("--") else {
+            continue; // a short flag only
+        };
+        let name: String = block[0][at + 2..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .collect();
+        if name == "help" || name == "version" {
+            continue;
+        }
+        let mut annotations = Vec::new();
+        let mut partial = String::new();
+        let mut after_break = false;
+        for &line in &block[1..] {
+            if !partial.is_empty() {
+                partial.push(' ');
+                partial.push_str(line);
+            } else if after_break && line.starts_with('[') {
+                partial.push_str(line);
+            } else {
+                after_break = line.is_empty();
+                continue;
+            }
+            if partial.matches('[').count() == partial.matches(']').count() {
+                annotations.push(std::mem::take(&mut partial));
+            }
+        }
+        let mut flag = HelpFlag::default();
+        for a in annotations {
+            if let Some(env) = a.strip_prefix("[env: ") {
+                flag.env = env.split(['=', ']']).next().unwrap_or_default().to_string();
+            } else if let Some(default) = a.strip_prefix("[default: ") {
+                flag.default = Some(default.strip_suffix(']').unwrap_or(default).to_string());
+            }
+        }
+        flags.insert(format!("--{name}"), flag);
+    }
+    flags
+}
+
+/// The rows of the first table under `heading` in `file`, as trimmed cells, without the header
+/// row and the `|---|` line.
+fn table(file: &str, heading: &str) -> Vec<Vec<String>> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+    let doc = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let rows: Vec<Vec<String>> = doc
+        .lines()
+        .skip_while(|l| l.trim() != heading)
+        .skip(1)
+        .take_while(|l| !l.starts_with("## "))
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+        .map(|l| {
+            let cells = l.trim().trim_start_matches('|').trim_end_matches('|');
+            cells
+                .split('|')
+                .map(|c| c.trim().to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(!rows.is_empty(), "fix {file}: no table under `{heading}`");
+    rows
+}
+
+/// The `code spans` of a table cell.
+fn spans(cell: &str) -> impl Iterator<Item = &str> {
+    cell.split('`').skip(1).step_by(2)
+}
+
+/// The label names in a cell: `topic, partition`, or `outcome (committed, aborted)` where the
+/// parenthesised words are example values.
+fn label_names(cell: &str) -> BTreeSet<String> {
+    let mut outside = String::new();
+    let mut depth = 0usize;
+    for c in cell.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            _ if depth == 0 => outside.push(c),
+            _ => {}
+        }
+    }
+    outside
+        .split(',')
+        .map(|l| l.trim().trim_matches('`').to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
+}
