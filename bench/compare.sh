@@ -14,19 +14,9 @@ repo=$PWD
 [ $# -ge 2 ] || { echo "usage: bench/compare.sh OLD_BINARY NEW_BINARY [records]" >&2; exit 2; }
 bins=("$1" "$2")
 count=${3:-1000000}
-jq_program='.dt = (.ts / 1000 | todate) | .hr = (.ts / 3600000 | floor % 24) | del(.drop)'
 
-export EXACTLY_KAFKA_DIR="$repo/.kafka-bench"
-scripts/kafka.sh reset >/dev/null 2>&1 || true
-scripts/kafka.sh start
-trap 'scripts/kafka.sh stop || true' EXIT
-bootstrap=$(scripts/kafka.sh bootstrap)
-cargo build -q --release -p loadgen
-loadgen=("$repo/target/release/loadgen" --bootstrap "$bootstrap")
-topic() {
-  scripts/kafka.sh tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$bootstrap" \
-    --create --topic "$1" --partitions 6 --replication-factor 1 >/dev/null
-}
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 
 topic in
 "${loadgen[@]}" preload --topic in --count "$count" --size 100 >/dev/null

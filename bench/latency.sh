@@ -13,17 +13,8 @@ rate=$3
 measure=${4:-30}
 warmup=10
 
-export EXACTLY_KAFKA_DIR="$repo/.kafka-bench"
-scripts/kafka.sh reset >/dev/null 2>&1 || true
-scripts/kafka.sh start >&2
-trap 'scripts/kafka.sh stop >&2 || true' EXIT
-bootstrap=$(scripts/kafka.sh bootstrap)
-cargo build -q --release -p loadgen
-loadgen=("$repo/target/release/loadgen" --bootstrap "$bootstrap")
-topic() {
-  scripts/kafka.sh tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$bootstrap" \
-    --create --topic "$1" --partitions 6 --replication-factor 1 >/dev/null
-}
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 
 run=0
 for rep in 1 2; do

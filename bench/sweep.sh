@@ -17,7 +17,6 @@ bin=${1:-$repo/target/release/exactly}
 count=${2:-1000000}
 transform=${3:-passthrough}
 size=${SWEEP_SIZE:-100}
-jq_program='.dt = (.ts / 1000 | todate) | .hr = (.ts / 3600000 | floor % 24) | del(.drop)'
 
 rows=(
   "shipped|"
@@ -35,17 +34,8 @@ if [ -n "${SWEEP_ROWS:-}" ]; then
   IFS=';' read -r -a rows <<<"$SWEEP_ROWS"
 fi
 
-export EXACTLY_KAFKA_DIR="$repo/.kafka-bench"
-scripts/kafka.sh reset >/dev/null 2>&1 || true
-scripts/kafka.sh start >&2
-trap 'scripts/kafka.sh stop >&2 || true' EXIT
-bootstrap=$(scripts/kafka.sh bootstrap)
-cargo build -q --release -p loadgen
-loadgen=("$repo/target/release/loadgen" --bootstrap "$bootstrap")
-topic() {
-  scripts/kafka.sh tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$bootstrap" \
-    --create --topic "$1" --partitions 6 --replication-factor 1 >/dev/null
-}
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 
 topic in
 "${loadgen[@]}" preload --topic in --count "$count" --size "$size" >/dev/null

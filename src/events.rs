@@ -341,12 +341,24 @@ impl TransformUnavailable<'_> {
     }
 }
 
-/// A commit the loop made, logged at the level its occasion deserves.
-pub fn committed(records: u64, why: &'static str) {
-    match why {
-        "interval" => debug!(records, "transaction committed"),
-        "shutdown" => info!(records, "final transaction committed"),
-        _ => info!(records, why, "transaction committed"),
+/// Why a transaction committed when it did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Occasion {
+    /// It reached its interval, record or byte bound: the steady case, logged at debug.
+    Bound,
+    /// Partitions are being revoked.
+    Rebalance,
+    /// The final commit on shutdown.
+    Shutdown,
+}
+
+/// A commit the loop made (counted by [`TransactionCommitted`]), logged at the level its
+/// occasion deserves.
+pub fn committed(records: u64, occasion: Occasion) {
+    match occasion {
+        Occasion::Bound => debug!(records, "transaction committed"),
+        Occasion::Rebalance => info!(records, why = "rebalance", "transaction committed"),
+        Occasion::Shutdown => info!(records, "final transaction committed"),
     }
 }
 

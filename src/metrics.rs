@@ -142,7 +142,7 @@ impl Metrics {
                 &rdkafka::util::get_rdkafka_version().1,
             ])
             .set(1);
-        let metrics = Metrics {
+        let mut metrics = Metrics {
             records_consumed: counter_vec(
                 "records_consumed_total",
                 "Input records consumed.",
@@ -222,13 +222,11 @@ impl Metrics {
                 ],
             ),
             reported: Arc::default(),
-            registry: registry.clone(),
+            registry,
             catalog: Vec::new(),
         };
-        Metrics {
-            catalog: catalog.into_inner(),
-            ..metrics
-        }
+        metrics.catalog = catalog.into_inner();
+        metrics
     }
 
     /// Every family: name, type and label names (the docs are checked against this).

@@ -17,7 +17,7 @@ use rdkafka::statistics::Statistics;
 use rdkafka::topic_partition_list::TopicPartitionList;
 use tracing::warn;
 
-use crate::events::{AbortReason, Assignment, Rebalance as Event, Rebalanced};
+use crate::events::{AbortReason, Assignment, Occasion, Rebalance as Event, Rebalanced};
 use crate::kafka::describe;
 use crate::lag::Positions;
 use crate::metrics::Metrics;
@@ -118,7 +118,7 @@ impl ConsumerContext for PipelineContext {
                     // Someone else may already own them: nothing of ours may commit.
                     driver.abort_now(AbortReason::PartitionsLost);
                 } else {
-                    driver.commit_now(consumer, "rebalance");
+                    driver.commit_now(consumer, Occasion::Rebalance);
                 }
                 drop(driver);
                 self.changed(Change::Revoked(partitions(tpl)));

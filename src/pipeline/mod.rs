@@ -22,7 +22,7 @@ use tracing::{error, info, warn};
 
 use crate::config::{Config, Input, OnError};
 use crate::error::{Action, Call, Error, Facts, classify, rejected_record};
-use crate::events::{self, AbortReason, BadRecord, TransformUnavailable};
+use crate::events::{self, AbortReason, BadRecord, Occasion, TransformUnavailable};
 use crate::health::Health;
 use crate::kafka::{Role, raw_headers};
 use crate::lag::Positions;
@@ -278,7 +278,7 @@ impl Pipeline<'_> {
                 c.max_bytes_per_txn,
             ) {
                 if let Outcome::Committed { records } = driver.commit(self.consumer)? {
-                    events::committed(records, "interval");
+                    events::committed(records, Occasion::Bound);
                 }
                 drop(driver);
                 self.rewind_if_pending(None, shutdown)?;
@@ -304,7 +304,7 @@ impl Pipeline<'_> {
         let mut driver = self.consumer.context().driver();
         driver.set_deadline(deadline);
         match driver.commit(self.consumer)? {
-            Outcome::Committed { records } => events::committed(records, "shutdown"),
+            Outcome::Committed { records } => events::committed(records, Occasion::Shutdown),
             Outcome::Aborted => {
                 warn!("final transaction aborted; its records are read again next time")
             }

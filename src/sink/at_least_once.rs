@@ -4,42 +4,36 @@
 
 use std::time::Duration;
 
-use rdkafka::ClientConfig;
-use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::topic_partition_list::TopicPartitionList;
 use tracing::warn;
 
-use super::producer::KafkaProducer;
+use super::producer::{Connection, KafkaProducer};
 use super::{Calls, Failed, Group, Record, Sink};
 use crate::events::{AbortReason, Ended};
 use crate::kafka::{Role, Settings};
 
 /// Delivery-confirmed batches.
 pub struct Batches {
-    config: ClientConfig,
-    producer: Option<KafkaProducer>,
+    connection: Connection,
 }
 
 impl Batches {
     /// Not connected yet: [`Sink::connect`] creates the producer.
     pub fn new(kafka: &Settings) -> Batches {
         Batches {
-            config: kafka.to_rdkafka(Role::Idempotent),
-            producer: None,
+            connection: Connection::new(kafka.to_rdkafka(Role::Idempotent)),
         }
     }
 
     fn p(&self) -> &KafkaProducer {
-        self.producer
-            .as_ref()
-            .expect("the driver connects the sink before it uses it")
+        self.connection.producer()
     }
 }
 
 impl Sink for Batches {
     fn connect(&mut self, _calls: &Calls) -> Result<(), KafkaError> {
-        self.producer = Some(KafkaProducer::create(&self.config)?);
-        Ok(())
+        self.connection.connect(|_| Ok(()))
     }
 
     /// A batch, not a transaction: failures of earlier batches are settled already.
@@ -57,8 +51,7 @@ impl Sink for Batches {
     }
 
     fn take_rejections(&mut self, wait: Duration) -> Vec<(usize, RDKafkaErrorCode)> {
-        self.p().wait_for_reports(wait);
-        self.p().take_rejections()
+        self.p().take_rejections(wait)
     }
 
     fn has_rejections(&self) -> bool {
@@ -97,15 +90,6 @@ impl Sink for Batches {
     /// Nothing to abort: what was sent stays, and comes again after the rewind.
     fn abort(&mut self, _reason: AbortReason, _calls: &Calls) -> Result<(), Failed> {
         Ok(())
-    }
-
-    fn committed(
-        &self,
-        group: &dyn Group,
-        partitions: TopicPartitionList,
-        timeout: Duration,
-    ) -> KafkaResult<TopicPartitionList> {
-        group.committed(partitions, timeout)
     }
 
     fn topic_exists(&self, topic: &str, timeout: Duration) -> Result<bool, KafkaError> {

@@ -19,7 +19,7 @@ use super::{
 };
 use crate::config::{Config, TestAborts};
 use crate::error::{Action, Call, Error, Facts, classify, rejected_record};
-use crate::events::{AbortReason, Ended, ProducerRecreated, TransactionAborted};
+use crate::events::{AbortReason, Ended, Occasion, ProducerRecreated, TransactionAborted};
 use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::records::Outgoing;
@@ -490,9 +490,9 @@ impl Driver {
     }
 
     /// Commit from a rebalance callback: errors are kept for the loop.
-    pub fn commit_now(&mut self, group: &dyn Group, why: &'static str) {
+    pub fn commit_now(&mut self, group: &dyn Group, occasion: Occasion) {
         match self.commit(group) {
-            Ok(Outcome::Committed { records }) => crate::events::committed(records, why),
+            Ok(Outcome::Committed { records }) => crate::events::committed(records, occasion),
             Ok(_) => {}
             Err(e) => self.fatal = Some(e),
         }

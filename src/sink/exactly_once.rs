@@ -4,13 +4,12 @@
 
 use std::time::Duration;
 
-use rdkafka::ClientConfig;
-use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer;
 use rdkafka::topic_partition_list::TopicPartitionList;
 use tracing::warn;
 
-use super::producer::KafkaProducer;
+use super::producer::{Connection, KafkaProducer};
 use super::{Calls, Failed, Group, Record, Sink};
 use crate::config::Config;
 use crate::error::{Action, Call, Facts, classify};
@@ -19,8 +18,7 @@ use crate::kafka::{Role, Settings};
 
 /// A transactional producer; its transactional id fences earlier incarnations.
 pub struct Transactions {
-    config: ClientConfig,
-    producer: Option<KafkaProducer>,
+    connection: Connection,
 }
 
 impl Transactions {
@@ -31,27 +29,21 @@ impl Transactions {
             timeout: c.transaction_timeout,
         };
         Transactions {
-            config: kafka.to_rdkafka(role),
-            producer: None,
+            connection: Connection::new(kafka.to_rdkafka(role)),
         }
     }
 
     fn p(&self) -> &KafkaProducer {
-        self.producer
-            .as_ref()
-            .expect("the driver connects the sink before it uses it")
+        self.connection.producer()
     }
 }
 
 impl Sink for Transactions {
     fn connect(&mut self, calls: &Calls) -> Result<(), KafkaError> {
-        let producer = KafkaProducer::create(&self.config)?;
-        {
+        self.connection.connect(|p| {
             let _g = calls.health.in_call("init_transactions");
-            producer.inner().init_transactions(calls.timeout())?;
-        }
-        self.producer = Some(producer);
-        Ok(())
+            p.inner().init_transactions(calls.timeout())
+        })
     }
 
     fn begin(&mut self, calls: &Calls) -> Result<(), Failed> {
@@ -79,8 +71,7 @@ impl Sink for Transactions {
     }
 
     fn take_rejections(&mut self, wait: Duration) -> Vec<(usize, RDKafkaErrorCode)> {
-        self.p().wait_for_reports(wait);
-        self.p().take_rejections()
+        self.p().take_rejections(wait)
     }
 
     fn has_rejections(&self) -> bool {
@@ -187,15 +178,6 @@ impl Sink for Transactions {
                 Err(Failed::Recreate(reason))
             }
         }
-    }
-
-    fn committed(
-        &self,
-        group: &dyn Group,
-        partitions: TopicPartitionList,
-        timeout: Duration,
-    ) -> KafkaResult<TopicPartitionList> {
-        group.committed(partitions, timeout)
     }
 
     fn topic_exists(&self, topic: &str, timeout: Duration) -> Result<bool, KafkaError> {

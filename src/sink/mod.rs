@@ -80,13 +80,16 @@ pub trait Sink: Send {
     ) -> Result<(), Failed>;
     /// Ends the open unit without committing it (`reason`: why, for the logs).
     fn abort(&mut self, reason: AbortReason, calls: &Calls) -> Result<(), Failed>;
-    /// What the group has committed for `partitions`: where the loop rewinds to.
+    /// What the group has committed for `partitions`: where the loop rewinds to. Kafka sinks
+    /// commit into the group; a sink that keeps offsets with its outputs reads them there.
     fn committed(
         &self,
         group: &dyn Group,
         partitions: TopicPartitionList,
         timeout: Duration,
-    ) -> KafkaResult<TopicPartitionList>;
+    ) -> KafkaResult<TopicPartitionList> {
+        group.committed(partitions, timeout)
+    }
     /// Whether the destination `topic` exists.
     fn topic_exists(&self, topic: &str, timeout: Duration) -> Result<bool, KafkaError>;
     /// How an open unit ends when `abort` succeeds: aborted on the broker, or (at least

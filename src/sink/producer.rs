@@ -15,6 +15,41 @@ use super::{Calls, Failed, Record};
 use crate::error::{Action, Call, Facts, classify, rejected_record};
 use crate::events::AbortReason;
 
+/// A Kafka sink's producer: its settings, and the producer once connected.
+pub struct Connection {
+    config: ClientConfig,
+    producer: Option<KafkaProducer>,
+}
+
+impl Connection {
+    /// Not connected yet.
+    pub fn new(config: ClientConfig) -> Connection {
+        Connection {
+            config,
+            producer: None,
+        }
+    }
+
+    /// A new producer, which replaces the old one once `init` accepted it (the old one stays
+    /// if anything fails).
+    pub fn connect(
+        &mut self,
+        init: impl FnOnce(&KafkaProducer) -> Result<(), KafkaError>,
+    ) -> Result<(), KafkaError> {
+        let producer = KafkaProducer::create(&self.config)?;
+        init(&producer)?;
+        self.producer = Some(producer);
+        Ok(())
+    }
+
+    /// The producer.
+    pub fn producer(&self) -> &KafkaProducer {
+        self.producer
+            .as_ref()
+            .expect("the driver connects the sink before it uses it")
+    }
+}
+
 /// A producer whose delivery reports are counted and whose rejections are kept.
 pub struct KafkaProducer(ThreadedProducer<DeliveryContext>);
 
@@ -71,7 +106,7 @@ impl KafkaProducer {
     /// A new batch: failures of earlier ones are settled, and reports of an earlier
     /// transaction that came after it was settled name nothing here.
     pub fn reset(&self) {
-        self.take_rejections();
+        self.take_rejections(Duration::ZERO);
         self.0.context().failed.store(0, Ordering::SeqCst);
     }
 
@@ -140,8 +175,10 @@ impl KafkaProducer {
         ctx.pending.load(Ordering::SeqCst) == 0
     }
 
-    /// Takes the (send index, code) of every rejection so far.
-    pub fn take_rejections(&self) -> Vec<(usize, RDKafkaErrorCode)> {
+    /// Waits up to `wait` for outstanding reports, then takes the (send index, code) of every
+    /// rejection so far.
+    pub fn take_rejections(&self, wait: Duration) -> Vec<(usize, RDKafkaErrorCode)> {
+        self.wait_for_reports(wait);
         let ctx = self.0.context();
         std::mem::take(&mut *ctx.rejections.lock().unwrap_or_else(|p| p.into_inner()))
     }
