@@ -1,6 +1,8 @@
 //! `exactly`: parse the configuration, start logging, handle signals, run.
 
+use std::io::Write;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
@@ -14,11 +16,14 @@ use exactly::config::{Cli, Command};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use exactly::error::Error;
 
+/// How long the Kafka clients still being dropped (the lag clients) get to go after the run.
+const CLIENTS_GONE: Duration = Duration::from_secs(5);
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let args = match cli.command {
         Command::Run(args) => args,
-        Command::Audit(args) => return audit(*args),
+        Command::Audit(args) => return end(audit(*args), CLIENTS_GONE),
     };
     exactly::telemetry::init(args.log_format, &args.log_level);
     let config = match args.validate() {
@@ -39,14 +44,29 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let code = runtime.block_on(async_main(config));
+    let (code, wait) = runtime.block_on(async_main(config));
     // Dropping the runtime would wait for blocking tasks (a lag query can take seconds); the
     // process is done, and the shutdown grace must hold.
     runtime.shutdown_background();
-    code
+    end(code, wait)
 }
 
-async fn async_main(config: exactly::config::Config) -> ExitCode {
+/// Exits with `code` once librdkafka is gone, waiting up to `wait` for clients still being
+/// dropped. Exit handlers must not run beside librdkafka threads (see
+/// [`exactly::kafka::wait_destroyed`]): if a client outlives the wait (a lag query against an
+/// unreachable broker, the loop after a missed grace), the process ends without them.
+fn end(code: u8, wait: Duration) -> ExitCode {
+    if exactly::kafka::wait_destroyed(wait) {
+        return ExitCode::from(code);
+    }
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: ends the process at once; every log line has been written and flushed.
+    unsafe { libc::_exit(i32::from(code)) }
+}
+
+/// The run's exit code, and how long its Kafka clients may still take to go.
+async fn async_main(config: exactly::config::Config) -> (u8, Duration) {
     let grace = config.shutdown_grace;
     let shutdown = CancellationToken::new();
     let mut run = tokio::spawn(exactly::run(config, shutdown.clone()));
@@ -69,34 +89,36 @@ async fn async_main(config: exactly::config::Config) -> ExitCode {
                     ?grace,
                     "shutdown did not finish within the grace period; exiting hard"
                 );
-                return ExitCode::from(3);
+                // The loop still holds its clients: no wait.
+                return (3, Duration::ZERO);
             }
         },
     };
-    match result {
-        Ok(Ok(())) => ExitCode::SUCCESS,
+    let code = match result {
+        Ok(Ok(())) => 0,
         Ok(Err(e)) => {
             error!("{e}");
-            ExitCode::from(match e {
+            match e {
                 Error::Config(_) | Error::Jq(_) => 2,
                 _ => 1,
-            })
+            }
         }
         Err(join) => {
             error!(error = %join, "the pipeline task failed");
-            ExitCode::FAILURE
+            1
         }
-    }
+    };
+    (code, CLIENTS_GONE)
 }
 
 /// `exactly audit`: 0 clean, 1 anomalies, 2 bad options, 3 could not complete.
-fn audit(args: exactly::config::AuditArgs) -> ExitCode {
+fn audit(args: exactly::config::AuditArgs) -> u8 {
     exactly::telemetry::init(exactly::config::LogFormat::Text, "warn");
     let config = match args.validate() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
-            return ExitCode::from(2);
+            return 2;
         }
     };
     let json = config.json;
@@ -110,14 +132,14 @@ fn audit(args: exactly::config::AuditArgs) -> ExitCode {
             } else {
                 print!("{}", report.summary());
             }
-            ExitCode::from(if report.anomalies() == 0 { 0 } else { 1 })
+            if report.anomalies() == 0 { 0 } else { 1 }
         }
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(match e {
+            match e {
                 Error::Config(_) | Error::Jq(_) => 2,
                 _ => 3,
-            })
+            }
         }
     }
 }
