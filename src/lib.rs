@@ -66,7 +66,6 @@ pub mod telemetry;
 pub mod transform;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
@@ -102,8 +101,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     let transform = transform::unavailable_first(transform, config.test_unavailable);
     let health = Arc::new(Health::default());
     let stop_watching = CancellationToken::new();
-    // The longest a healthy loop blocks is one transactional call, bounded by the timeout.
-    let bound = config.transaction_timeout + Duration::from_secs(15);
+    let bound = config.loop_bound();
     tokio::spawn(health.clone().watch(bound, stop_watching.clone()));
 
     // Not ready from the moment shutdown starts, while the loop still commits and leaves.

@@ -331,7 +331,7 @@ fn promtool_accepts_what_metrics_serves() {
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    for family in METRIC_FAMILIES {
+    for family in &metric_families() {
         assert!(
             text.contains(&format!("# TYPE {family} ")),
             "{family} missing:\n{text}"

@@ -231,6 +231,15 @@ pub struct Config {
     pub test_unavailable: u64,
 }
 
+impl Config {
+    /// The longest a healthy loop goes without a turn: one transactional call, bounded by the
+    /// transaction timeout, plus a margin. `/livez` fails past it, and it is the consumer's
+    /// `max.poll.interval.ms` (the group's rebalance timeout).
+    pub fn loop_bound(&self) -> Duration {
+        self.transaction_timeout + Duration::from_secs(15)
+    }
+}
+
 impl RunArgs {
     /// Checks how the values fit together and fills in derived defaults.
     pub fn validate(self) -> Result<Config, Error> {

@@ -46,6 +46,9 @@ pub enum Role<'a> {
         instance: Option<&'a str>,
         /// librdkafka statistics (the lag positions) every this long.
         statistics: Duration,
+        /// The longest the loop goes without polling (one transactional call): the default
+        /// `max.poll.interval.ms`, which is also the group's rebalance timeout.
+        poll_bound: Duration,
     },
     /// The transactional producer of exactly-once.
     Transactional {
@@ -103,11 +106,16 @@ impl Settings {
                 group,
                 instance,
                 statistics,
+                poll_bound,
             } => {
                 defaults.extend([
                     ("client.id", self.client_id.clone()),
                     ("partition.assignment.strategy", "cooperative-sticky".into()),
                     ("auto.offset.reset", "earliest".into()),
+                    (
+                        "max.poll.interval.ms",
+                        max_poll_interval(poll_bound, &self.consumer),
+                    ),
                 ]);
                 fixed.extend([
                     ("group.id", group.to_string()),
@@ -185,6 +193,27 @@ fn idempotent() -> [(&'static str, String); 2] {
         ("enable.idempotence", "true".into()),
         ("acks", "all".into()),
     ]
+}
+
+/// librdkafka's `session.timeout.ms` default.
+const SESSION_TIMEOUT_MS: u128 = 45_000;
+
+/// The pipeline consumer's `max.poll.interval.ms`: the loop's own bound (librdkafka's default
+/// is 5 minutes), never below the session timeout, which librdkafka requires.
+///
+/// The group's rebalance timeout is this value too: how long the coordinator waits for members
+/// to rejoin. Kafka 4.1's coordinator can keep a member that died with the broker after an
+/// unclean restart (its session timeout not armed again when the group loads), and a rejoin
+/// then waits the whole rebalance timeout: 5 minutes with librdkafka's default, the loop's
+/// bound here (RELIABILITY.md, "A rejoin that waited for a ghost").
+fn max_poll_interval(poll_bound: Duration, user: &[(String, String)]) -> String {
+    let session = user
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "session.timeout.ms")
+        .and_then(|(_, v)| v.trim().parse::<u128>().ok())
+        .unwrap_or(SESSION_TIMEOUT_MS);
+    poll_bound.as_millis().max(session).to_string()
 }
 
 /// librdkafka's flush, waiting up to `timeout` for every outstanding delivery.
@@ -265,7 +294,35 @@ mod tests {
             group: "g",
             instance,
             statistics: Duration::from_secs(5),
+            poll_bound: Duration::from_secs(75),
         }
+    }
+
+    #[test]
+    fn the_rebalance_timeout_is_the_loops_bound_not_five_minutes() {
+        let cc = settings(&[], &[]).to_rdkafka(pipeline(None));
+        assert_eq!(cc.get("max.poll.interval.ms"), Some("75000"));
+        // Never below the session timeout (librdkafka refuses that).
+        let long_session = settings(&[("session.timeout.ms", "90000")], &[]);
+        let cc = long_session.to_rdkafka(pipeline(None));
+        assert_eq!(cc.get("max.poll.interval.ms"), Some("90000"));
+        let short = Role::Pipeline {
+            group: "g",
+            instance: None,
+            statistics: Duration::from_secs(5),
+            poll_bound: Duration::from_secs(25),
+        };
+        let cc = settings(&[], &[]).to_rdkafka(short);
+        assert_eq!(cc.get("max.poll.interval.ms"), Some("45000"));
+        let quick = settings(&[("session.timeout.ms", "6000")], &[]);
+        assert_eq!(
+            quick.to_rdkafka(short).get("max.poll.interval.ms"),
+            Some("25000")
+        );
+        // The user's own value wins.
+        let own = settings(&[("max.poll.interval.ms", "300000")], &[]);
+        let cc = own.to_rdkafka(pipeline(None));
+        assert_eq!(cc.get("max.poll.interval.ms"), Some("300000"));
     }
 
     #[test]

@@ -196,6 +196,7 @@ fn subscribe(
             .static_membership
             .then_some(config.instance_id.as_str()),
         statistics: config.lag_interval,
+        poll_bound: config.loop_bound(),
     };
     let consumer: PipelineConsumer = config
         .kafka

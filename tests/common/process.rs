@@ -17,8 +17,15 @@ pub struct Exactly {
     pub name: String,
 }
 
-/// Settings every test run uses: its broker, quick group membership.
+/// Settings every test run uses: its broker, quick group membership; and the consumer
+/// settings in `EXACTLY_TEST_CONSUMER_CONFIG` (`key=value;…`), to run a suite with candidate
+/// settings (`EXACTLY_CONSUMER_CONFIG` would not do: the arguments here replace it).
 pub fn base_args(topics: &Topics, group: &str, instance: &str) -> Vec<String> {
+    let extra = std::env::var("EXACTLY_TEST_CONSUMER_CONFIG").unwrap_or_default();
+    let extra = extra
+        .split(';')
+        .filter(|kv| !kv.is_empty())
+        .flat_map(|kv| ["--consumer-config".to_string(), kv.to_string()]);
     [
         "run",
         "--bootstrap-servers",
@@ -42,6 +49,7 @@ pub fn base_args(topics: &Topics, group: &str, instance: &str) -> Vec<String> {
     ]
     .iter()
     .map(|s| s.to_string())
+    .chain(extra)
     .collect()
 }
 
