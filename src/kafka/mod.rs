@@ -117,6 +117,7 @@ impl Settings {
                         max_poll_interval(poll_bound, &self.consumer),
                     ),
                 ]);
+                defaults.extend(PIPELINE_FETCH.map(|(k, v)| (k, v.to_string())));
                 fixed.extend([
                     ("group.id", group.to_string()),
                     ("isolation.level", Isolation::ReadCommitted.as_str().into()),
@@ -194,6 +195,20 @@ fn idempotent() -> [(&'static str, String); 2] {
         ("acks", "all".into()),
     ]
 }
+
+/// The pipeline consumer's fetch defaults, chosen by `bench/sweep.sh` (BENCHMARKS.md,
+/// "Defaults"). librdkafka pauses fetching a partition for `fetch.queue.backoff.ms` (1 s) once
+/// its local queue is past `queued.min.messages`; a loop that drains the queue faster than that
+/// then sits idle, which capped ~100 B records at 146k/s with 0.55 of a core busy. At 5 ms the
+/// fetcher keeps up: about 3.8× on ~100 B records. The queue's byte bound, 64 MB by default
+/// (for all partitions together: they share the consumer queue), is most of the memory exactly
+/// holds: at 1 MB peak RSS was 40–67 MB on ~100 B and ~1 KB records, where 4 MB is as fast on
+/// ~100 B and faster on ~1 KB records, at about 100 MB. A user's `--consumer-config` overrides
+/// both.
+const PIPELINE_FETCH: [(&str, &str); 2] = [
+    ("fetch.queue.backoff.ms", "5"),
+    ("queued.max.messages.kbytes", "1024"),
+];
 
 /// librdkafka's `session.timeout.ms` default.
 const SESSION_TIMEOUT_MS: u128 = 45_000;
@@ -363,6 +378,9 @@ mod tests {
         let s = settings(&[("auto.offset.reset", "latest")], &[("linger.ms", "50")]);
         let cc = s.to_rdkafka(pipeline(None));
         assert_eq!(cc.get("auto.offset.reset"), Some("latest"));
+        // Shipped fetch defaults are defaults: the user's value wins.
+        assert_eq!(cc.get("fetch.queue.backoff.ms"), Some("5"));
+        assert_eq!(cc.get("queued.max.messages.kbytes"), Some("1024"));
         let tuned = settings(&[("queued.max.messages.kbytes", "4096")], &[]);
         let cc = tuned.to_rdkafka(pipeline(None));
         assert_eq!(cc.get("queued.max.messages.kbytes"), Some("4096"));
