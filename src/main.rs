@@ -2,7 +2,6 @@
 
 use std::io::Write;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
@@ -16,14 +15,11 @@ use exactly::config::{Cli, Command};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use exactly::error::Error;
 
-/// How long the Kafka clients still being dropped (the lag clients) get to go after the run.
-const CLIENTS_GONE: Duration = Duration::from_secs(5);
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let args = match cli.command {
         Command::Run(args) => args,
-        Command::Audit(args) => return end(audit(*args), CLIENTS_GONE),
+        Command::Audit(args) => end(audit(*args)),
     };
     exactly::telemetry::init(args.log_format, &args.log_level);
     let config = match args.validate() {
@@ -44,29 +40,31 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let (code, wait) = runtime.block_on(async_main(config));
+    let code = runtime.block_on(async_main(config));
     // Dropping the runtime would wait for blocking tasks (a lag query can take seconds); the
     // process is done, and the shutdown grace must hold.
     runtime.shutdown_background();
-    end(code, wait)
+    end(code)
 }
 
-/// Exits with `code` once librdkafka is gone, waiting up to `wait` for clients still being
-/// dropped. Exit handlers must not run beside librdkafka threads (see
-/// [`exactly::kafka::wait_destroyed`]): if a client outlives the wait (a lag query against an
-/// unreachable broker, the loop after a missed grace), the process ends without them.
-fn end(code: u8, wait: Duration) -> ExitCode {
-    if exactly::kafka::wait_destroyed(wait) {
-        return ExitCode::from(code);
-    }
+/// Ends the process with `code`, without C exit handlers.
+///
+/// librdkafka's threads may still run at this point: the lag clients being dropped on a
+/// runtime worker, the pipeline's consumer (closed, then deliberately not dropped: rust-rdkafka
+/// would close it again), the loop itself after a missed grace. Exit handlers must not run beside
+/// them: OpenSSL's `OPENSSL_cleanup` frees memory they still use, and the process then dies of
+/// SIGSEGV instead of exiting with its code (CI saw it; 7 in 900 failed start-ups here).
+/// Nothing of exactly's needs an exit handler: logs are written as they happen, and stdout and
+/// stderr are flushed here.
+fn end(code: u8) -> ! {
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().flush();
     // SAFETY: ends the process at once; every log line has been written and flushed.
     unsafe { libc::_exit(i32::from(code)) }
 }
 
-/// The run's exit code, and how long its Kafka clients may still take to go.
-async fn async_main(config: exactly::config::Config) -> (u8, Duration) {
+/// The run's exit code.
+async fn async_main(config: exactly::config::Config) -> u8 {
     let grace = config.shutdown_grace;
     let shutdown = CancellationToken::new();
     let mut run = tokio::spawn(exactly::run(config, shutdown.clone()));
@@ -89,12 +87,11 @@ async fn async_main(config: exactly::config::Config) -> (u8, Duration) {
                     ?grace,
                     "shutdown did not finish within the grace period; exiting hard"
                 );
-                // The loop still holds its clients: no wait.
-                return (3, Duration::ZERO);
+                return 3;
             }
         },
     };
-    let code = match result {
+    match result {
         Ok(Ok(())) => 0,
         Ok(Err(e)) => {
             error!("{e}");
@@ -107,8 +104,7 @@ async fn async_main(config: exactly::config::Config) -> (u8, Duration) {
             error!(error = %join, "the pipeline task failed");
             1
         }
-    };
-    (code, CLIENTS_GONE)
+    }
 }
 
 /// `exactly audit`: 0 clean, 1 anomalies, 2 bad options, 3 could not complete.

@@ -9,8 +9,8 @@
 //! lag clients' `client.id`, the audit's `enable.partition.eof`) simply win.
 //!
 //! A leaf: nothing here knows the rest of exactly. The librdkafka calls rust-rdkafka does not
-//! offer live behind small safe wrappers: [`raw_headers`] (header names as bytes),
-//! [`flush`] and [`wait_destroyed`].
+//! offer live behind small safe wrappers: [`raw_headers`] (header names as bytes) and
+//! [`flush`].
 
 pub mod raw_headers;
 
@@ -251,19 +251,6 @@ pub fn flush<P: Producer<C>, C: rdkafka::producer::ProducerContext>(
     } else {
         Err(KafkaError::Flush(err.into()))
     }
-}
-
-/// Waits up to `timeout` until no librdkafka client and no librdkafka thread is left in the
-/// process; false if some still are.
-///
-/// A process must not run its exit handlers while librdkafka threads run: OpenSSL's
-/// `OPENSSL_cleanup` frees memory a client being destroyed still touches, and the process dies
-/// of SIGSEGV instead of exiting with its code (seen in CI: a failed start-up, the lag clients
-/// being dropped on a runtime worker while `main` returned).
-pub fn wait_destroyed(timeout: Duration) -> bool {
-    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-    // SAFETY: no arguments but a number; reads librdkafka's global counters.
-    unsafe { rdkafka_sys::rd_kafka_wait_destroyed(ms) == 0 }
 }
 
 /// `topic[0,1,2] other[5]`, for logs.
