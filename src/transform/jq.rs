@@ -34,6 +34,9 @@ pub struct Jq {
     envelope: bool,
     limits: Limits,
     pp: jaq_json::write::Pp,
+    /// Which of [`VARS`] the program names: the others are `null` rather than built for every
+    /// record (the headers object alone is an allocation per header).
+    uses: [bool; 6],
 }
 
 impl Jq {
@@ -72,6 +75,7 @@ impl Jq {
             envelope,
             limits,
             pp: Default::default(),
+            uses: VARS.map(|var| mentions(code, var)),
         })
     }
 
@@ -85,7 +89,8 @@ impl Jq {
             None => Val::Null,
             Some(bytes) => parse_json(bytes)?,
         };
-        let ctx = Ctx::<JustLut<Val>>::new(&self.filter.lut, Vars::new(variables(input)));
+        let vars = Vars::new(variables(input, &self.uses));
+        let ctx = Ctx::<JustLut<Val>>::new(&self.filter.lut, vars);
         let mut outputs = Vec::new();
         for result in self.filter.id.run((ctx, value)).map(unwrap_valr) {
             if outputs.len() == self.limits.max_outputs {
@@ -209,20 +214,34 @@ impl Transform for Jq {
     }
 }
 
-fn variables(input: &InputRecord<'_>) -> [Val; 6] {
+/// The values of [`VARS`] for one record; `null` for those the program does not name.
+fn variables(input: &InputRecord<'_>, uses: &[bool; 6]) -> [Val; 6] {
     let bytes_or_null = |b: Option<&[u8]>| b.map_or(Val::Null, |b| Val::utf8_str(b.to_vec()));
-    let mut headers = Map::default();
-    for (name, value) in &input.headers {
-        headers.insert(Val::utf8_str(name.to_vec()), bytes_or_null(*value));
-    }
-    [
-        bytes_or_null(input.key),
-        Val::utf8_str(input.topic.as_bytes().to_vec()),
-        Val::from(input.partition as isize),
-        Val::from(input.offset as isize),
-        input.timestamp.map_or(Val::Null, |t| Val::from(t as isize)),
-        Val::obj(headers),
-    ]
+    let headers = || {
+        let mut headers = Map::default();
+        for (name, value) in &input.headers {
+            headers.insert(Val::utf8_str(name.to_vec()), bytes_or_null(*value));
+        }
+        Val::obj(headers)
+    };
+    let build = |i: usize| match i {
+        0 => bytes_or_null(input.key),
+        1 => Val::utf8_str(input.topic.as_bytes().to_vec()),
+        2 => Val::from(input.partition as isize),
+        3 => Val::from(input.offset as isize),
+        4 => input.timestamp.map_or(Val::Null, |t| Val::from(t as isize)),
+        _ => headers(),
+    };
+    std::array::from_fn(|i| if uses[i] { build(i) } else { Val::Null })
+}
+
+/// Whether `code` names the variable `var` (`$key`, not `$keys`). jq variables are lexical: a
+/// program can reach a global only by naming it, and exactly's loader reads no other files.
+/// A comment or string that happens to name it only costs building it.
+fn mentions(code: &str, var: &str) -> bool {
+    code.match_indices(var).any(|(at, _)| {
+        !code[at + var.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+    })
 }
 
 fn str_bytes(v: &Val) -> Option<&[u8]> {
@@ -343,6 +362,32 @@ mod tests {
             values(&out),
             [r#"["k1","in",2,41,1700000000000,{"h":"v","empty":null}]"#]
         );
+    }
+
+    #[test]
+    fn each_variable_is_there_alone_and_bound_names_do_not_confuse() {
+        // Each variable on its own: the one the program names is built.
+        let cases = [
+            ("$key", r#""k1""#),
+            ("$topic", r#""in""#),
+            ("$partition", "2"),
+            ("$offset", "41"),
+            ("$timestamp", "1700000000000"),
+            ("$headers", r#"{"h":"v","empty":null}"#),
+            // In a function body, in a string interpolation.
+            (r#"def t: $topic; "\(t)-\($partition)""#, r#""in-2""#),
+        ];
+        for (code, want) in cases {
+            let out = jq(code).apply(&record(Some(b"null"))).unwrap();
+            assert_eq!(values(&out), [want], "{code}");
+        }
+        // A variable of the program's own whose name starts like one of exactly's.
+        let out = jq(". as $keys | [$keys, $key]")
+            .apply(&record(Some(b"1")))
+            .unwrap();
+        assert_eq!(values(&out), [r#"[1,"k1"]"#]);
+        assert!(mentions("$key", "$key") && mentions("[$key]", "$key"));
+        assert!(!mentions("$keys", "$key") && !mentions("$key_2", "$key"));
     }
 
     #[test]
