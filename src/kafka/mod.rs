@@ -9,9 +9,10 @@
 //! lag clients' `client.id`, the audit's `enable.partition.eof`) simply win.
 //!
 //! A leaf: nothing here knows the rest of exactly. The librdkafka calls rust-rdkafka does not
-//! offer live behind small safe wrappers: [`raw_headers`] (header names as bytes) and
-//! [`flush`].
+//! offer live behind small safe wrappers: [`produce`] (through topic handles), [`raw_headers`]
+//! (header names as bytes) and [`flush`].
 
+pub mod produce;
 pub mod raw_headers;
 
 use std::time::Duration;

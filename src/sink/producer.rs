@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::producer::{DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use tracing::{debug, warn};
 
 use super::{Calls, Failed, Record};
@@ -50,8 +50,9 @@ impl Connection {
     }
 }
 
-/// A producer whose delivery reports are counted and whose rejections are kept.
-pub struct KafkaProducer(ThreadedProducer<DeliveryContext>);
+/// A producer whose delivery reports are counted and whose rejections are kept; it sends
+/// through topic handles ([`crate::kafka::produce`]).
+pub struct KafkaProducer(crate::kafka::produce::Producer<DeliveryContext>);
 
 /// Producer callbacks. In a transaction a failed delivery also makes the commit fail with an
 /// abortable error; without one (at-least-once) the sink counts failures itself and does not
@@ -93,47 +94,65 @@ impl ProducerContext for DeliveryContext {
 impl KafkaProducer {
     /// A producer with `config` (not yet transactional: see `init_transactions`).
     pub fn create(config: &ClientConfig) -> Result<KafkaProducer, KafkaError> {
-        Ok(KafkaProducer(
-            config.create_with_context(DeliveryContext::default())?,
-        ))
+        let inner: ThreadedProducer<DeliveryContext> =
+            config.create_with_context(DeliveryContext::default())?;
+        Ok(KafkaProducer(crate::kafka::produce::Producer::new(inner)))
     }
 
     /// The rust-rdkafka producer, for its transactional calls.
     pub fn inner(&self) -> &ThreadedProducer<DeliveryContext> {
-        &self.0
+        self.0.inner()
     }
 
     /// A new batch: failures of earlier ones are settled, and reports of an earlier
     /// transaction that came after it was settled name nothing here.
     pub fn reset(&self) {
         self.take_rejections(Duration::ZERO);
-        self.0.context().failed.store(0, Ordering::SeqCst);
+        self.inner().context().failed.store(0, Ordering::SeqCst);
     }
 
     /// Failed deliveries since the batch began.
     pub fn failed(&self) -> u64 {
-        self.0.context().failed.load(Ordering::SeqCst)
+        self.inner().context().failed.load(Ordering::SeqCst)
     }
 
     /// Sends one record, waiting while the local queue is full.
     pub fn send(&self, r: Record<'_, '_>, calls: &Calls) -> Result<(), Failed> {
-        let mut record = base_record(r);
+        let Record {
+            topic,
+            out,
+            timestamp,
+            index,
+        } = r;
+        let mut headers = std::mem::take(&mut out.headers);
         loop {
+            let record = crate::kafka::produce::Message {
+                topic,
+                key: out.key.as_deref(),
+                value: out.value.as_deref(),
+                timestamp,
+                headers,
+                opaque: index,
+            };
             match self.0.send(record) {
                 Ok(()) => {
-                    self.0.context().pending.fetch_add(1, Ordering::SeqCst);
+                    self.inner()
+                        .context()
+                        .pending
+                        .fetch_add(1, Ordering::SeqCst);
                     return Ok(());
                 }
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    record = r;
+                Err((RDKafkaErrorCode::QueueFull, back)) => {
+                    headers = back;
                     calls.health.beat();
-                    self.0.poll(Duration::from_millis(10));
+                    self.inner().poll(Duration::from_millis(10));
                 }
                 // librdkafka's own check: the record's fault, like a broker's rejection.
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge), _)) => {
+                Err((RDKafkaErrorCode::MessageSizeTooLarge, _)) => {
                     return Err(Failed::TooLarge);
                 }
-                Err((e, _)) => {
+                Err((code, _)) => {
+                    let e = KafkaError::MessageProduction(code);
                     return Err(match classify(Call::Produce, &Facts::of(&e)) {
                         Action::Exit => Failed::exit("producing", e),
                         Action::RecreateProducer => {
@@ -152,7 +171,7 @@ impl KafkaProducer {
 
     /// librdkafka's flush (see [`crate::kafka::flush`]).
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
-        crate::kafka::flush(&self.0, timeout)
+        crate::kafka::flush(self.inner(), timeout)
     }
 
     /// Flushes, then waits for the delivery callbacks of everything sent (they run on the
@@ -167,7 +186,7 @@ impl KafkaProducer {
 
     /// Waits up to `bound` for the delivery callbacks of everything sent. Whether all came.
     pub fn wait_for_reports(&self, bound: Duration) -> bool {
-        let ctx = self.0.context();
+        let ctx = self.inner().context();
         let until = Instant::now() + bound;
         while ctx.pending.load(Ordering::SeqCst) > 0 && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(1));
@@ -179,13 +198,13 @@ impl KafkaProducer {
     /// rejection so far.
     pub fn take_rejections(&self, wait: Duration) -> Vec<(usize, RDKafkaErrorCode)> {
         self.wait_for_reports(wait);
-        let ctx = self.0.context();
+        let ctx = self.inner().context();
         std::mem::take(&mut *ctx.rejections.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Whether the broker rejected anything since the last take.
     pub fn has_rejections(&self) -> bool {
-        let ctx = self.0.context();
+        let ctx = self.inner().context();
         !ctx.rejections
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -194,34 +213,10 @@ impl KafkaProducer {
 
     /// Whether `topic` exists, as the cluster's metadata says.
     pub fn topic_exists(&self, topic: &str, timeout: Duration) -> Result<bool, KafkaError> {
-        let md = self.0.client().fetch_metadata(Some(topic), timeout)?;
+        let md = self.inner().client().fetch_metadata(Some(topic), timeout)?;
         Ok(md
             .topics()
             .iter()
             .any(|t| t.name() == topic && t.error().is_none()))
     }
-}
-
-/// A librdkafka record of a [`Record`] (whose headers it takes), with its timestamp (the
-/// input's, or librdkafka's time of sending when `None`) and its index as the opaque.
-fn base_record<'a>(r: Record<'a, '_>) -> BaseRecord<'a, [u8], [u8], usize> {
-    let Record {
-        topic,
-        out,
-        timestamp,
-        index,
-    } = r;
-    let headers = std::mem::take(&mut out.headers);
-    let o: &'a crate::records::Outgoing<'_> = out;
-    let mut rec = BaseRecord::<[u8], [u8], usize>::with_opaque_to(topic, index).headers(headers);
-    if let Some(k) = o.key.as_deref() {
-        rec = rec.key(k);
-    }
-    if let Some(v) = o.value.as_deref() {
-        rec = rec.payload(v);
-    }
-    if let Some(ts) = timestamp {
-        rec = rec.timestamp(ts);
-    }
-    rec
 }
