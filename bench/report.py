@@ -22,7 +22,9 @@ NAMES = {
     "exactly-eos-1000": "exactly exactly-once, commit 1000 ms",
     "kstreams-alo": "Kafka Streams at_least_once, commit 100 ms",
     "kstreams-eos-100": "Kafka Streams exactly_once_v2, commit 100 ms",
+    "kstreams-eos-100-own": "Kafka Streams exactly_once_v2, commit 100 ms, its own producer defaults",
 }
+KS_EOS = ("kstreams-eos-100", "kstreams-eos-100-own")
 
 
 def load(path):
@@ -80,8 +82,8 @@ def check(rows):
 
 def drain_table(rows, size):
     out = [
-        f"| system | transform | records/s | MB/s | CPU s per 1M records | peak RSS MB | commits | commit mean | commit p99 |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"| system | transform | records/s (steady) | records/s (whole) | MB/s | CPU s per 1M records | peak RSS MB | commits | commit mean | commit p99 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     bpr = next((r["result"]["bytes_per_record"] for r in rows if r["kind"] == "preload" and r["size"] == size), int(size))
     for r in rows:
@@ -89,6 +91,7 @@ def drain_table(rows, size):
             continue
         res = r["result"]
         rps = records_per_second(r)
+        whole = res.get("whole_records_per_second")
         cpu = res.get("cpu_seconds_per_million")
         rss = res.get("peak_rss_kb")
         mean, p99 = commit_stats(res["metrics"]) if res.get("metrics") else (None, None)
@@ -97,7 +100,9 @@ def drain_table(rows, size):
             if line.startswith("exactly_transaction_commit_duration_seconds_count "):
                 commits = int(float(line.split()[-1]))
         out.append(
-            f"| {NAMES.get(r['system'], r['system'])} | {r['transform']} | {rps:,.0f} | {rps * bpr / 1e6:,.1f} | "
+            f"| {NAMES.get(r['system'], r['system'])} | {r['transform']} | {rps:,.0f} | "
+            + (f"{whole:,.0f}" if whole else "–")
+            + f" | {rps * bpr / 1e6:,.1f} | "
             + (f"{cpu:,.1f}" if cpu is not None else "–")
             + " | "
             + (f"{rss / 1024:,.0f}" if rss else "–")
@@ -133,26 +138,76 @@ def drain(rows, system, size, transform):
     return None
 
 
-def ratios(rows):
-    lines = []
+def ks_best(rows, size, transform):
+    """Kafka Streams exactly_once_v2's faster run (shared or its own producer settings)."""
+    runs = [r for r in (drain(rows, s, size, transform) for s in KS_EOS) if r]
+    return max(runs, key=lambda r: r["records_per_second"]) if runs else None
+
+
+def ratio_rows(rows):
+    """Per size and transform at 100 ms: exactly-once against at-least-once, Kafka Streams'
+    best EOS v2 run (steady and whole drains), the produce-only ceiling; CPU and RSS ratios."""
+    out = []
     for size, label in (("100", "~100 B"), ("1000", "~1 KB")):
         for t in ("passthrough", "jq"):
-            eos, alo, ks = (drain(rows, s, size, t) for s in ("exactly-eos-100", "exactly-alo", "kstreams-eos-100"))
+            eos, alo, ks = drain(rows, "exactly-eos-100", size, t), drain(rows, "exactly-alo", size, t), ks_best(rows, size, t)
             if not (eos and alo and ks):
                 continue
             ceiling = produce_ceiling(rows, size)
-            of_ceiling = f"{eos['records_per_second'] / ceiling:.2f}" if ceiling else "–"
-            lines.append(
-                f"| {label} | {t} | {eos['records_per_second'] / alo['records_per_second']:.2f} | "
-                f"{eos['records_per_second'] / ks['records_per_second']:.2f} | {of_ceiling} | "
-                f"{eos['cpu_seconds_per_million'] / ks['cpu_seconds_per_million']:.2f} | "
-                f"{eos['peak_rss_kb'] / ks['peak_rss_kb']:.3f} |"
-            )
+            whole = eos.get("whole_records_per_second"), ks.get("whole_records_per_second")
+            out.append({
+                "label": label, "size": size, "transform": t,
+                "eos_alo": eos["records_per_second"] / alo["records_per_second"],
+                "eos_ks": eos["records_per_second"] / ks["records_per_second"],
+                "eos_ks_whole": whole[0] / whole[1] if all(whole) else None,
+                "eos_ceiling": eos["records_per_second"] / ceiling if ceiling else None,
+                "cpu": eos["cpu_seconds_per_million"] / min(drain(rows, s, size, t)["cpu_seconds_per_million"] for s in KS_EOS if drain(rows, s, size, t)),
+                "rss": eos["peak_rss_kb"] / ks["peak_rss_kb"],
+                "rss_mb": max(drain(rows, s, size, t)["peak_rss_kb"] for s in ("exactly-eos-100", "exactly-alo")) / 1024,
+            })
+    return out
+
+
+def fmt(x, digits=2):
+    return f"{x:.{digits}f}" if x is not None else "–"
+
+
+def ratios(rows):
     head = [
-        "| record size | transform | exactly-once ÷ at-least-once (throughput) | exactly ÷ Kafka Streams EOS v2 (throughput) | exactly ÷ librdkafka produce-only | CPU per record (exactly ÷ KS) | peak RSS (exactly ÷ KS) |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| record size | transform | exactly-once ÷ at-least-once (throughput) | exactly ÷ Kafka Streams EOS v2, its best (steady) | the same, whole drain | exactly ÷ librdkafka produce-only | CPU per record (exactly ÷ KS, its lower) | peak RSS (exactly ÷ KS) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines = [
+        f"| {r['label']} | {r['transform']} | {fmt(r['eos_alo'])} | {fmt(r['eos_ks'])} | {fmt(r['eos_ks_whole'])} | "
+        f"{fmt(r['eos_ceiling'])} | {fmt(r['cpu'])} | {fmt(r['rss'], 3)} |"
+        for r in ratio_rows(rows)
     ]
     return "\n".join(head + lines)
+
+
+def targets(rows):
+    """Issue 11's targets, each with what this run measured."""
+    rr = {(r["size"], r["transform"]): r for r in ratio_rows(rows)}
+    def pick(size, t, key):
+        return rr.get((size, t), {}).get(key)
+    def row(name, values, target, ok, digits=2):
+        shown = " / ".join(fmt(v, digits) for v in values)
+        met = "yes" if values and all(v is not None and ok(v) for v in values) else "no"
+        return f"| {name} | {shown} | {target} | {met} |"
+    out = ["| measure, 100 ms commits | measured | target | met? |", "|---|---|---|---|"]
+    out.append(row("exactly EOS ÷ Kafka Streams EOS v2 (its best), ~100 B passthrough", [pick("100", "passthrough", "eos_ks")], "≥ 1.5", lambda v: v >= 1.5))
+    out.append(row("exactly EOS ÷ produce-only ceiling, ~100 B", [pick("100", "passthrough", "eos_ceiling")], "≥ 0.85", lambda v: v >= 0.85))
+    out.append(row("jq enrichment ÷ Kafka Streams, ~100 B", [pick("100", "jq", "eos_ks")], "≥ 1.0", lambda v: v >= 1.0))
+    out.append(row("~1 KB passthrough ÷ Kafka Streams", [pick("1000", "passthrough", "eos_ks")], "≥ 2.0", lambda v: v >= 2.0))
+    out.append(row("EOS ÷ ALO, ~100 B / ~1 KB (passthrough)", [pick("100", "passthrough", "eos_alo"), pick("1000", "passthrough", "eos_alo")], "≥ 0.95 both", lambda v: v >= 0.95))
+    cpus = [r["cpu"] for r in rr.values()]
+    out.append(row("CPU s per 1M records ÷ Kafka Streams (each size and transform)", cpus, "≤ 0.5 everywhere", lambda v: v <= 0.5))
+    rss = [r["rss_mb"] for r in rr.values()]
+    out.append(row("peak RSS MB, shipped defaults (exactly EOS and ALO, each size and transform)", rss, "≤ 64 MB", lambda v: v <= 64, 0))
+    p99 = [r["result"]["checker"]["p99_ms"] for r in rows
+           if r["kind"] == "latency" and r["system"] == "exactly-eos-100" and r["result"]["load_percent"] == 50]
+    out.append(row("p99 end-to-end ms at 50 % load", p99, "≤ 150 ms", lambda v: v <= 150, 1))
+    return "\n".join(out)
 
 
 def latency_table(rows):
@@ -178,8 +233,8 @@ def chart(rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    systems = ["exactly-alo", "exactly-eos-10", "exactly-eos-100", "exactly-eos-1000", "kstreams-alo", "kstreams-eos-100"]
-    short = ["exactly\nALO", "exactly\nEOS 10ms", "exactly\nEOS 100ms", "exactly\nEOS 1s", "KStreams\nALO", "KStreams\nEOS v2"]
+    systems = ["exactly-alo", "exactly-eos-10", "exactly-eos-100", "exactly-eos-1000", "kstreams-alo", "kstreams-eos-100", "kstreams-eos-100-own"]
+    short = ["exactly\nALO", "exactly\nEOS 10ms", "exactly\nEOS 100ms", "exactly\nEOS 1s", "KStreams\nALO", "KStreams\nEOS v2", "KStreams\nEOS v2 own"]
     fig, axes = plt.subplots(1, 3, figsize=(17, 5))
     for ax, size, label in ((axes[0], "100", "~100 B records"), (axes[1], "1000", "~1 KB records")):
         width = 0.38
@@ -221,6 +276,8 @@ def main():
     print(drain_table(rows, "1000"))
     print("\n### Ratios at a 100 ms commit interval\n")
     print(ratios(rows))
+    print("\n### Targets\n")
+    print(targets(rows))
     print("\n### End-to-end latency (~100 B, passthrough, open-loop load)\n")
     print(latency_table(rows))
     if a.chart:

@@ -7,7 +7,8 @@
 #
 # Systems: Kafka's own perf tools (ceiling), exactly --guarantee at-least-once, exactly
 # exactly-once at commit intervals 10/100/1000 ms, Kafka Streams (bench/peers/kstreams) with
-# exactly_once_v2 and at_least_once. Results: one JSON object per line in
+# exactly_once_v2 and at_least_once (the shared producer settings), and exactly_once_v2 with its
+# own producer defaults (ratios are taken against the faster of its two exactly_once_v2 runs). Results: one JSON object per line in
 # bench/results/<profile>.jsonl; bench/report.py turns the full one into BENCHMARKS.md.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -94,13 +95,16 @@ start_system() { # system transform input output group
       "$exactly_bin" "${args[@]}" 2>>"$EXACTLY_KAFKA_DIR/sut.log" &
       pid=$!
       ;;
-    kstreams-eos-*|kstreams-alo)
-      local guarantee=exactly_once_v2 interval=${system#kstreams-eos-}
-      if [ "$system" = kstreams-alo ]; then guarantee=at_least_once interval=100; fi
+    kstreams-*)
+      local guarantee=exactly_once_v2 interval=100 producer=shared
+      case "$system" in
+        kstreams-alo) guarantee=at_least_once ;;
+        kstreams-eos-100-own) producer=own ;;
+      esac
       local t=passthrough
       if [ "$transform" = jq ]; then t=enrich; fi
       java -Xmx1g -cp "$peer_cp" exactly.bench.Peer "$bootstrap" "$input" "$output" "$group" \
-        "$guarantee" "$interval" "$t" 2>>"$EXACTLY_KAFKA_DIR/sut.log" &
+        "$guarantee" "$interval" "$t" "$producer" 2>>"$EXACTLY_KAFKA_DIR/sut.log" &
       pid=$!
       ;;
   esac
@@ -113,7 +117,7 @@ stop_system() {
 
 drain_systems="exactly-alo"
 for i in $intervals; do drain_systems+=" exactly-eos-$i"; done
-drain_systems+=" kstreams-alo kstreams-eos-100"
+drain_systems+=" kstreams-alo kstreams-eos-100 kstreams-eos-100-own"
 run_id=0
 
 for size in 100 1000; do

@@ -62,8 +62,10 @@ enum Cmd {
         #[arg(long, default_value_t = 600)]
         timeout_seconds: u64,
     },
-    /// Wait until `group` has committed the end of `topic`; time it from the first commit and
-    /// read the CPU time and peak RSS of `pid` at the first commit and at the end.
+    /// Wait until `group` has committed the end of `topic`; time it from the first commit
+    /// (steady: the process's start and group join excluded) and from this command's start
+    /// (whole: started right after the system under test), and read the CPU time and peak RSS
+    /// of `pid` at the first commit and at the end.
     Drain {
         #[arg(long)]
         topic: String,
@@ -262,6 +264,7 @@ fn usage(pid: u32) -> Option<(f64, u64)> {
 }
 
 fn drain(bootstrap: &str, topic: &str, group: &str, pid: u32, timeout: u64) {
+    let launched = Instant::now();
     let watcher = consumer(bootstrap, "read_uncommitted", None);
     let ps = partitions(&watcher, topic);
     let mut ends = BTreeMap::new();
@@ -306,6 +309,7 @@ fn drain(bootstrap: &str, topic: &str, group: &str, pid: u32, timeout: u64) {
             let (t0, c0, (cpu0, _)) = first.unwrap();
             let (cpu1, hwm) = usage(pid).unwrap_or_default();
             let secs = now.duration_since(t0).as_secs_f64().max(0.001);
+            let whole = now.duration_since(launched).as_secs_f64().max(0.001);
             let records = (end - c0).max(1);
             println!(
                 "{}",
@@ -315,6 +319,9 @@ fn drain(bootstrap: &str, topic: &str, group: &str, pid: u32, timeout: u64) {
                     "cpu_seconds": cpu1 - cpu0,
                     "cpu_seconds_per_million": (cpu1 - cpu0) * 1e6 / records as f64,
                     "peak_rss_kb": hwm,
+                    "whole_seconds": whole,
+                    "whole_records_per_second": end as f64 / whole,
+                    "whole_cpu_seconds_per_million": cpu1 * 1e6 / end.max(1) as f64,
                 })
             );
             return;

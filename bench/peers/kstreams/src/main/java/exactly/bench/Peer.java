@@ -18,12 +18,13 @@ import org.apache.kafka.streams.kstream.Produced;
 /**
  * The benchmark's Kafka Streams peer: input to output through the same transforms as exactly.
  *
- * <p>Arguments: bootstrap input output application-id guarantee commit-interval-ms transform,
- * where guarantee is exactly_once_v2 or at_least_once and transform is passthrough or enrich
+ * <p>Arguments: bootstrap input output application-id guarantee commit-interval-ms transform
+ * [producer], where guarantee is exactly_once_v2 or at_least_once, transform is passthrough or enrich
  * (parse the millisecond "ts", add "dt" (ISO-8601) and "hr" (hour of day), drop "drop": what
  * exactly's jq program `.dt = (.ts / 1000 | todate) | .hr = (.ts / 3600000 | floor % 24) |
- * del(.drop)` does). Producer settings come from the environment as exactly's do, so both
- * systems run with the same ones.
+ * del(.drop)` does), and producer is shared (the default: the producer settings come from the
+ * environment as exactly's do, so both systems run with the same ones) or own (Kafka Streams'
+ * own producer defaults, to report against its best).
  */
 public final class Peer {
   private static final ObjectMapper JSON = new ObjectMapper();
@@ -45,10 +46,11 @@ public final class Peer {
   }
 
   public static void main(String[] args) throws Exception {
-    if (args.length != 7) {
+    boolean shared = args.length == 7 || (args.length == 8 && args[7].equals("shared"));
+    if (!shared && !(args.length == 8 && args[7].equals("own"))) {
       System.err.println(
           "usage: Peer bootstrap input output application-id guarantee commit-interval-ms"
-              + " passthrough|enrich");
+              + " passthrough|enrich [shared|own]");
       System.exit(2);
     }
     Properties p = new Properties();
@@ -59,13 +61,16 @@ public final class Peer {
     p.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, 1);
     p.put(StreamsConfig.STATE_DIR_CONFIG, System.getProperty("java.io.tmpdir") + "/kstreams-" + args[3]);
     p.put(StreamsConfig.consumerPrefix(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG), "earliest");
-    // The benchmark's producer settings, identical for every system.
-    p.put(StreamsConfig.producerPrefix(ProducerConfig.LINGER_MS_CONFIG), env("BENCH_LINGER_MS"));
-    p.put(StreamsConfig.producerPrefix(ProducerConfig.BATCH_SIZE_CONFIG), env("BENCH_BATCH_SIZE"));
-    p.put(StreamsConfig.producerPrefix(ProducerConfig.ACKS_CONFIG), "all");
-    p.put(
-        StreamsConfig.producerPrefix(ProducerConfig.COMPRESSION_TYPE_CONFIG),
-        env("BENCH_COMPRESSION"));
+    if (shared) {
+      // The benchmark's producer settings, identical for every system.
+      p.put(StreamsConfig.producerPrefix(ProducerConfig.LINGER_MS_CONFIG), env("BENCH_LINGER_MS"));
+      p.put(
+          StreamsConfig.producerPrefix(ProducerConfig.BATCH_SIZE_CONFIG), env("BENCH_BATCH_SIZE"));
+      p.put(StreamsConfig.producerPrefix(ProducerConfig.ACKS_CONFIG), "all");
+      p.put(
+          StreamsConfig.producerPrefix(ProducerConfig.COMPRESSION_TYPE_CONFIG),
+          env("BENCH_COMPRESSION"));
+    }
 
     StreamsBuilder b = new StreamsBuilder();
     KStream<byte[], byte[]> in =
