@@ -128,6 +128,9 @@ pub fn initialise(m: &Metrics) {
     for event in Rebalance::ALL {
         m.rebalances.with_label_values(&[event.as_str()]);
     }
+    for outcome in transform::call::OUTCOMES {
+        m.calls.with_label_values(&[outcome]);
+    }
 }
 
 /// A transaction (or at-least-once batch) committed, with everything it counted.
@@ -341,6 +344,26 @@ impl TransformUnavailable<'_> {
     }
 }
 
+/// A call to the application came back (or failed).
+pub struct CallAnswered {
+    /// `ok`, or the failure's [`transform::call::CallError::outcome`].
+    pub outcome: &'static str,
+    /// From sending to the decoded answer.
+    pub took: Duration,
+    /// Input records in the call.
+    pub records: usize,
+}
+
+impl CallAnswered {
+    /// Counts it (a failure is logged by the [`TransformUnavailable`] that follows).
+    pub fn emit(&self, m: &Metrics) {
+        m.calls.with_label_values(&[self.outcome]).inc();
+        m.call_duration.observe(self.took.as_secs_f64());
+        m.call_records.observe(self.records as f64);
+        debug!(outcome = self.outcome, took = ?self.took, records = self.records, "call answered");
+    }
+}
+
 /// Why a transaction committed when it did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Occasion {
@@ -398,7 +421,7 @@ mod tests {
         TransactionCommitted {
             consumed: &[("in", 0, 3)],
             filtered: 1,
-            dead_lettered: &[0, 2, 0, 0, 0, 0],
+            dead_lettered: &[0, 2, 0, 0, 0, 0, 0],
             records: 3,
             timestamps: &[0],
             took: Duration::from_millis(4),

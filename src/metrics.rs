@@ -53,6 +53,14 @@ pub struct Metrics {
     pub partition_last_stable: IntGaugeVec,
     /// Commit time minus input record timestamp.
     pub end_to_end_latency: Histogram,
+    /// Calls to the application (--call-url), by outcome.
+    pub calls: IntCounterVec,
+    /// From sending a call to its decoded answer.
+    pub call_duration: Histogram,
+    /// Input records per call.
+    pub call_records: Histogram,
+    /// Calls out now.
+    pub calls_in_flight: IntGauge,
     /// Partitions the two gauges above were last set for, to drop the ones no longer owned.
     reported: Arc<Mutex<HashSet<(String, String)>>>,
     catalog: Vec<Family>,
@@ -220,6 +228,28 @@ impl Metrics {
                     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                     300.0,
                 ],
+            ),
+            calls: counter_vec(
+                "calls_total",
+                "Calls to the application behind --call-url, by outcome.",
+                &["outcome"],
+            ),
+            call_duration: histogram(
+                "call_duration_seconds",
+                "From sending a batch to the application to its decoded answer.",
+                vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                    10.0, 30.0,
+                ],
+            ),
+            call_records: histogram(
+                "call_records",
+                "Input records per call to the application.",
+                prometheus::exponential_buckets(1.0, 4.0, 10).expect("buckets"),
+            ),
+            calls_in_flight: gauge(
+                "calls_in_flight",
+                "Calls to the application sent and not yet answered.",
             ),
             reported: Arc::default(),
             registry,

@@ -3,61 +3,12 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::*;
 use nix::sys::signal::Signal;
 use rdkafka::producer::Producer;
 use serde_json::json;
-
-/// GET `path` from `addr`: (status, body). HTTP/1.1 by hand, to need no client crate.
-fn get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    let status = raw.split_whitespace().nth(1)?.parse().ok()?;
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Some((status, body))
-}
-
-/// The values of a metric's samples whose labels contain every `label=value` given.
-fn samples(text: &str, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.rsplit_once(' '))
-        .filter(|(series, _)| {
-            let (n, rest) = series.split_once('{').unwrap_or((series, ""));
-            n == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
-        })
-        .map(|(_, v)| v.parse::<f64>().unwrap())
-        .collect()
-}
-
-/// Sum of a metric's matching samples.
-fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    samples(text, name, labels).iter().sum()
-}
-
-/// The value of one series: at most one may match.
-fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let found = samples(text, name, labels);
-    assert!(found.len() <= 1, "{name} {labels:?}: {found:?}");
-    found.first().copied()
-}
 
 #[test]
 fn lag_and_unstable_records_follow_the_last_stable_offset() {

@@ -141,7 +141,7 @@ impl AuditArgs {
         for t in &self.output_topics {
             check_topic_name("--output-topic", t)?;
         }
-        let transform = self.transform.resolve()?;
+        let transform = self.transform.resolve(None)?;
         let dlq = match (self.dlq_topic, transform.on_error) {
             (Some(d), _) => Some(d),
             (None, OnError::Dlq) => Some(format!("{}.dlq", self.output_topics[0])),

@@ -21,7 +21,7 @@ use crate::error::Error;
 
 pub use audit::{AuditArgs, AuditConfig, Bound, Plan};
 pub use run::{Config, Guarantee, Input, RunArgs, TestAborts};
-pub use transform::{OnError, TransformArgs, TransformConfig, TransformSpec};
+pub use transform::{CallArgs, CallSpec, OnError, TransformArgs, TransformConfig, TransformSpec};
 
 /// The command line.
 #[derive(Debug, Parser)]

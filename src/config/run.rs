@@ -5,8 +5,9 @@ use std::time::Duration;
 use clap::Args;
 
 use super::{
-    CONSUMER_OWNED, LogFormat, OnError, PRODUCER_OWNED, TransformArgs, TransformConfig,
-    check_passthrough, check_topic_name, parse_duration, parse_key_value, parse_log_filter,
+    CONSUMER_OWNED, CallArgs, LogFormat, OnError, PRODUCER_OWNED, TransformArgs, TransformConfig,
+    TransformSpec, check_passthrough, check_topic_name, parse_duration, parse_key_value,
+    parse_log_filter,
 };
 use crate::error::Error;
 use crate::kafka::Settings;
@@ -87,6 +88,10 @@ pub struct RunArgs {
     /// The transform and what to do when it fails.
     #[command(flatten)]
     pub transform: TransformArgs,
+
+    /// The call-out's options.
+    #[command(flatten)]
+    pub call: CallArgs,
 
     /// Dead-letter topic [default: <output-topic>.dlq].
     #[arg(long, env = "EXACTLY_DLQ_TOPIC", value_name = "TOPIC")]
@@ -315,7 +320,16 @@ impl RunArgs {
         }
         check_passthrough("--consumer-config", &self.consumer_config, CONSUMER_OWNED)?;
         check_passthrough("--producer-config", &self.producer_config, PRODUCER_OWNED)?;
-        let transform = self.transform.resolve()?;
+        let transform = self.transform.resolve(Some(self.call))?;
+        if let TransformSpec::Call(call) = &transform.spec
+            && call.timeout >= tt
+        {
+            return err(format!(
+                "--call-timeout: {} must be shorter than --transaction-timeout {}",
+                humantime::format_duration(call.timeout),
+                humantime::format_duration(tt)
+            ));
+        }
         if self.shutdown_grace.is_zero() {
             return err("--shutdown-grace: must be greater than 0".into());
         }

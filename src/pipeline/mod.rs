@@ -5,10 +5,13 @@
 //! transaction, see [`context`]); rewind first if an abort left one pending ([`rewind`]);
 //! transform the record; send its outputs (or its DLQ record) through the sink inside the open
 //! transaction; count its offset; commit when the interval, record or byte bound is reached.
-//! On shutdown: commit, then leave the group.
+//! On shutdown: commit, then leave the group. With the call-out, records are staged and sent
+//! to the application in batches, and each is applied when its batch's answer is back
+//! ([`stage`]).
 
 pub mod context;
 mod rewind;
+mod stage;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,9 +23,9 @@ use rdkafka::message::BorrowedMessage;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::config::{Config, Input, OnError};
+use crate::config::{Config, Input, OnError, TransformSpec};
 use crate::error::{Action, Call, Error, Facts, classify, rejected_record};
-use crate::events::{self, AbortReason, BadRecord, Occasion, TransformUnavailable};
+use crate::events::{self, AbortReason, BadRecord, CallAnswered, Occasion, TransformUnavailable};
 use crate::health::Health;
 use crate::kafka::{Role, raw_headers};
 use crate::lag::Positions;
@@ -32,6 +35,7 @@ use crate::sink::rejected::{Form, Source, Verdict};
 use crate::sink::{self, Began, Consumed, Driver, Outcome, SendError};
 use crate::transform::{Failure, InputRecord, Transform, TransformError};
 pub use context::{Change, PipelineConsumer, PipelineContext};
+use stage::{Answered, Stage};
 
 /// Why the loop over one consumer ended early.
 enum Interrupt {
@@ -73,6 +77,8 @@ pub fn run(
     let mut replacements = 0u32;
     loop {
         let consumer = subscribe(config, driver.clone(), positions.clone(), metrics.clone())?;
+        // A new consumer starts from the committed offsets: nothing is staged.
+        consumer.context().driver().set_staged(Vec::new());
         health.set_ready(true);
         let mut pipeline = Pipeline {
             config,
@@ -84,6 +90,10 @@ pub fn run(
             max_message_bytes,
             counters: RecordCounters::default(),
             unavailable: false,
+            stage: match &config.transform.spec {
+                TransformSpec::Call(spec) => Some(Stage::new(spec.clone())),
+                _ => None,
+            },
         };
         let result = pipeline.run_loop();
         health.set_ready(false);
@@ -234,6 +244,8 @@ struct Pipeline<'c> {
     counters: RecordCounters,
     /// The transform said it cannot work: not ready until a record goes through again.
     unavailable: bool,
+    /// The call-out's records read but not yet applied; `None` for other transforms.
+    stage: Option<Stage>,
 }
 
 impl Pipeline<'_> {
@@ -249,7 +261,12 @@ impl Pipeline<'_> {
                 driver.due_in(c.commit_interval)
             };
             let wait = due_in.unwrap_or(MAX_POLL).min(MAX_POLL);
-            let polled = self.consumer.poll(wait);
+            let (wait, full) = match &self.stage {
+                Some(stage) => (stage.poll_wait(wait), stage.full()),
+                None => (wait, false),
+            };
+            // A full stage reads nothing more until an answer (or the back-off) makes room.
+            let polled = if full { None } else { self.consumer.poll(wait) };
             if let Some(e) = self.consumer.context().driver().take_fatal() {
                 return Err(e.into());
             }
@@ -263,8 +280,21 @@ impl Pipeline<'_> {
             }
             match polled {
                 None => {}
-                Some(Ok(msg)) => self.process(&msg)?,
+                Some(Ok(msg)) => {
+                    let input = input_record(&msg);
+                    match &mut self.stage {
+                        Some(stage) => {
+                            stage.push(&input);
+                            let driver = &mut self.consumer.context().driver();
+                            driver.staged_also(input.topic, input.partition, input.offset);
+                        }
+                        None => self.process(&input)?,
+                    }
+                }
                 Some(Err(e)) => self.consumer_error(e)?,
+            }
+            if self.stage.is_some() {
+                self.pump(if full { MAX_POLL } else { Duration::ZERO }, false)?;
             }
             let mut driver = self.consumer.context().driver();
             if driver.advance_due(self.consumer, c.commit_interval)
@@ -288,20 +318,128 @@ impl Pipeline<'_> {
         Ok(())
     }
 
-    /// Tells the transform which partitions the rebalances since the last turn moved.
+    /// Tells the transform which partitions the rebalances since the last turn moved; the
+    /// stage drops what it holds of revoked ones.
     fn hand_over_changes(&mut self) {
         for change in self.consumer.context().take_changes() {
             match change {
                 Change::Assigned(ps) => self.transform.assigned(&ps),
-                Change::Revoked(ps) => self.transform.revoked(&ps),
+                Change::Revoked(ps) => {
+                    if let Some(stage) = &mut self.stage {
+                        stage.revoke(&ps);
+                        self.consumer.context().driver().set_staged(stage.firsts());
+                    }
+                    self.transform.revoked(&ps)
+                }
             }
         }
     }
 
-    /// Commits what is open, within the shutdown grace.
+    /// The call-out's turn: sends the open batch when it is due (`flush`: whatever it holds),
+    /// and applies every answer that is back, oldest call first; waits up to `wait` for the
+    /// oldest (or for the back-off to pass, when no call is out).
+    fn pump(&mut self, mut wait: Duration, flush: bool) -> Result<(), Interrupt> {
+        loop {
+            let (Some(stage), Some(call)) = (&mut self.stage, self.transform.as_call()) else {
+                return Ok(());
+            };
+            stage.send_due(call, flush);
+            let answered = stage.next_answer(wait);
+            self.metrics.calls_in_flight.set(stage.in_flight() as i64);
+            let Some(answered) = answered else {
+                return Ok(());
+            };
+            wait = Duration::ZERO;
+            self.apply(answered)?;
+            if self.consumer.context().driver().rewind_pending() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Applies one call's answers, record by record, as the transform's outputs; a failed call
+    /// makes the application unavailable.
+    fn apply(&mut self, answered: Answered) -> Result<(), Interrupt> {
+        let Answered { records, called } = answered;
+        let outcome = called.answers.as_ref().err().map_or("ok", |e| e.outcome());
+        CallAnswered {
+            outcome,
+            took: called.took,
+            records: records.len(),
+        }
+        .emit(self.metrics);
+        let answers = match called.answers {
+            Ok(answers) => answers,
+            Err(e) => return self.call_failed(&e.to_string(), &records),
+        };
+        if let Some(stage) = &mut self.stage {
+            stage.succeeded();
+        }
+        let mut left = records
+            .iter()
+            .zip(answers)
+            .filter(|(r, _)| !r.dropped)
+            .peekable();
+        while let Some((record, answer)) =
+            left.next_if(|_| !self.consumer.context().driver().rewind_pending())
+        {
+            let input = record.input();
+            if let Some(call) = self.transform.as_call() {
+                call.prepare(&input, answer);
+            }
+            self.process(&input)?;
+        }
+        let mut driver = self.consumer.context().driver();
+        // An abort on the way: the rest of this call's records come again with the rewind.
+        for (record, _) in left {
+            let input = record.input();
+            driver.rewind_also(input.topic, input.partition, input.offset);
+        }
+        if let Some(stage) = &self.stage {
+            driver.set_staged(stage.firsts());
+        }
+        Ok(())
+    }
+
+    /// A call failed: the application is unavailable. Abort, rewind (this call's `records`;
+    /// the rewind takes everything staged after them too), report not ready, and call again
+    /// only after a back-off.
+    fn call_failed(&mut self, why: &str, records: &[stage::Staged]) -> Result<(), Interrupt> {
+        let pause = self.stage.as_mut().map_or(Duration::ZERO, Stage::failed);
+        TransformUnavailable {
+            why: &format!("{why}; calling again in {pause:?}"),
+        }
+        .emit();
+        self.unavailable = true;
+        self.health.set_ready(false);
+        let mut driver = self.consumer.context().driver();
+        driver.abort(AbortReason::TransformUnavailable)?;
+        driver.rewind_from(&stage::firsts(records.iter()));
+        Ok(())
+    }
+
+    /// Commits what is open, within the shutdown grace (the call-out's staged records first,
+    /// as far as their answers come back in time).
     fn finish(&mut self, shutdown: &CancellationToken) -> Result<(), Error> {
         debug_assert!(shutdown.is_cancelled());
         let deadline = Instant::now() + self.config.shutdown_grace.saturating_sub(MAX_POLL * 10);
+        while self.stage.as_ref().is_some_and(|s| !s.is_empty())
+            && Instant::now() < deadline
+            && !self.consumer.context().driver().rewind_pending()
+        {
+            self.health.beat();
+            match self.pump(MAX_POLL, true) {
+                Ok(()) => {}
+                Err(Interrupt::Fail(e)) => return Err(e),
+                // The consumer is finished: what is open cannot commit.
+                Err(Interrupt::ReplaceConsumer(source)) => {
+                    return Err(Error::Unrecoverable {
+                        context: "consumer fenced while shutting down".into(),
+                        source,
+                    });
+                }
+            }
+        }
         let mut driver = self.consumer.context().driver();
         driver.set_deadline(deadline);
         match driver.commit(self.consumer)? {
@@ -314,8 +452,7 @@ impl Pipeline<'_> {
         Ok(())
     }
 
-    fn process(&mut self, msg: &BorrowedMessage<'_>) -> Result<(), Error> {
-        let input = input_record(msg);
+    fn process(&mut self, input: &InputRecord<'_>) -> Result<(), Error> {
         let bytes = (input.key.map_or(0, <[u8]>::len) + input.value.map_or(0, <[u8]>::len)) as u64;
         let mut driver = self.consumer.context().driver();
         if driver.begin()? == Began::Replaced {
@@ -327,11 +464,11 @@ impl Pipeline<'_> {
         let verdict = driver.verdicts().get(input.topic, p, o);
         let max = self.max_message_bytes;
         let result =
-            match records::outputs(self.transform.as_mut(), &input, self.config.lineage, max) {
+            match records::outputs(self.transform.as_mut(), input, self.config.lineage, max) {
                 Ok(outputs) => Ok(outputs),
                 Err(Failure::BadRecord(e)) => Err(e),
                 Err(Failure::Unavailable(why)) => {
-                    return self.transform_unavailable(&mut driver, &input, &why);
+                    return self.transform_unavailable(&mut driver, input, &why);
                 }
             };
         if self.unavailable {
@@ -340,20 +477,20 @@ impl Pipeline<'_> {
             self.health.set_ready(!self.shutdown.is_cancelled());
         }
         let sent = match (verdict, result) {
-            (None, Ok(outputs)) => self.send_outputs(&mut driver, &input, outputs, false),
+            (None, Ok(outputs)) => self.send_outputs(&mut driver, input, outputs, false),
             (None, Err(err)) => {
-                self.bad_record(&mut driver, &input, err, Form::DeadLetter, false)?
+                self.bad_record(&mut driver, input, err, Form::DeadLetter, false)?
             }
             (Some(Verdict::Suspect { .. }), Ok(outputs)) => {
                 // Rejected in a batch with others: each output goes alone, to find out.
-                let sent = self.send_outputs(&mut driver, &input, outputs, true);
+                let sent = self.send_outputs(&mut driver, input, outputs, true);
                 if sent.is_ok() {
                     driver.cleared(input.topic, p, o);
                 }
                 sent
             }
             (Some(Verdict::Suspect { .. }), Err(err)) => {
-                let sent = self.bad_record(&mut driver, &input, err, Form::DeadLetter, true)?;
+                let sent = self.bad_record(&mut driver, input, err, Form::DeadLetter, true)?;
                 if sent.is_ok() {
                     driver.cleared(input.topic, p, o);
                 }
@@ -380,7 +517,7 @@ impl Pipeline<'_> {
                     );
                     Form::Minimal
                 });
-                self.bad_record(&mut driver, &input, err, next, alone)?
+                self.bad_record(&mut driver, input, err, next, alone)?
             }
         };
         match sent {
@@ -538,7 +675,7 @@ impl Pipeline<'_> {
     /// `polled`: a record polled this turn, which a pending rewind must bring back too (it is
     /// from before the rewind point), even from a partition without a committed offset.
     fn rewind_if_pending(
-        &self,
+        &mut self,
         polled: Option<(&str, i32, i64)>,
         shutdown: &CancellationToken,
     ) -> Result<bool, Interrupt> {
@@ -546,6 +683,15 @@ impl Pipeline<'_> {
             let mut driver = self.consumer.context().driver();
             if let Some((topic, partition, offset)) = polled {
                 driver.rewind_also(topic, partition, offset);
+            }
+            // Staged records were read past the rewind point too.
+            if driver.rewind_pending()
+                && let Some(stage) = &mut self.stage
+            {
+                for ((topic, partition), offset) in stage.clear() {
+                    driver.rewind_also(&topic, partition, offset);
+                }
+                driver.set_staged(Vec::new());
             }
             driver.take_rewind()
         };

@@ -54,6 +54,9 @@ pub struct Driver {
     committing: HashMap<Tp, i64>,
     last_committed: HashMap<Tp, i64>,
     last_advance_check: Instant,
+    /// The first offset of each partition's records that were read but not yet applied (the
+    /// call-out's batches): the consumer's position is past them, and no commit may be.
+    staged: Vec<(Tp, i64)>,
 }
 
 /// Creates the configured sink and connects it, retrying until --startup-timeout.
@@ -97,6 +100,7 @@ pub fn start(
                     committing: HashMap::new(),
                     last_committed: HashMap::new(),
                     last_advance_check: Instant::now(),
+                    staged: Vec::new(),
                 });
             }
             Err(e) => {
@@ -159,6 +163,42 @@ impl Driver {
                 .and_modify(|o| *o = (*o).min(offset))
                 .or_insert(offset);
         }
+    }
+
+    /// Whether an abort left a rewind pending.
+    pub fn rewind_pending(&self) -> bool {
+        self.rewind.is_some()
+    }
+
+    /// Makes a rewind pending even when no unit was open: records read but never applied
+    /// (`firsts`: the first of each partition) must come again.
+    pub fn rewind_from(&mut self, firsts: &[(Tp, i64)]) {
+        self.rewind.get_or_insert_with(HashMap::new);
+        for ((topic, partition), offset) in firsts {
+            self.rewind_also(topic, *partition, *offset);
+        }
+    }
+
+    /// A record was read but is applied later (the call-out stages it): commits stay below it.
+    pub fn staged_also(&mut self, topic: &str, partition: i32, offset: i64) {
+        if !self
+            .staged
+            .iter()
+            .any(|((t, p), _)| *p == partition && t == topic)
+        {
+            self.staged.push(((topic.to_string(), partition), offset));
+        }
+    }
+
+    /// The first offset of each partition's staged records, after some were applied or
+    /// dropped.
+    pub fn set_staged(&mut self, firsts: Vec<(Tp, i64)>) {
+        self.staged = firsts;
+    }
+
+    /// The consumer's positions, none past a staged record.
+    fn positions(&self, group: &dyn Group) -> Vec<(Tp, i64)> {
+        below_staged(group.positions(), &self.staged)
     }
 
     /// Takes the pending rewind, if any: the aborted transaction's first offsets.
@@ -403,7 +443,7 @@ impl Driver {
             .next_offsets()
             .map(|(topic, p, next)| ((topic.to_string(), p), next))
             .collect();
-        for (tp, pos) in group.positions() {
+        for (tp, pos) in self.positions(group) {
             match offsets.get_mut(&tp) {
                 Some(next) => *next = (*next).max(pos),
                 None if self.moved(&tp, pos) => {
@@ -432,8 +472,7 @@ impl Driver {
             return false;
         }
         self.last_advance_check = Instant::now();
-        group
-            .positions()
+        self.positions(group)
             .into_iter()
             .any(|(tp, pos)| self.moved(&tp, pos))
     }
@@ -591,6 +630,16 @@ fn seed() -> u64 {
     (t ^ u64::from(std::process::id()).rotate_left(32)) | 1
 }
 
+/// `positions`, each at most its partition's first staged offset.
+fn below_staged(mut positions: Vec<(Tp, i64)>, staged: &[(Tp, i64)]) -> Vec<(Tp, i64)> {
+    for (tp, pos) in &mut positions {
+        if let Some((_, first)) = staged.iter().find(|(s, _)| s == tp) {
+            *pos = (*pos).min(*first);
+        }
+    }
+    positions
+}
+
 /// 0, then 100 ms doubling to 10 s, by consecutive failures.
 fn backoff(failures: u32) -> Duration {
     if failures <= 1 {
@@ -613,5 +662,16 @@ mod tests {
         assert_eq!(backoff(8), Duration::from_millis(6400));
         assert_eq!(backoff(10), MAX_BACKOFF);
         assert_eq!(backoff(1000), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn no_position_passes_a_staged_record() {
+        let tp = |p| ("in".to_string(), p);
+        let positions = vec![(tp(0), 50), (tp(1), 70), (tp(2), 9)];
+        let staged = [(tp(0), 40), (tp(2), 12), (("other".to_string(), 1), 3)];
+        assert_eq!(
+            below_staged(positions, &staged),
+            vec![(tp(0), 40), (tp(1), 70), (tp(2), 9)]
+        );
     }
 }

@@ -15,7 +15,7 @@ use jaq_json::{Map, Val};
 use super::json::{parse_json, write_compact};
 use super::{
     Failure, InputRecord, Limits, OutputHeaders, OutputRecord, Reason, Transform, TransformError,
-    check_size, truncate,
+    check_size, truncate, valid_topic,
 };
 
 /// Names of the variables a program sees, in the order their values are passed.
@@ -253,13 +253,7 @@ fn str_bytes(v: &Val) -> Option<&[u8]> {
 
 fn topic_name(v: &Val) -> Option<String> {
     let b = str_bytes(v)?;
-    let ok = !b.is_empty()
-        && b.len() <= 249
-        && b != b"."
-        && b != b".."
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || b"._-".contains(c));
-    ok.then(|| String::from_utf8_lossy(b).into_owned())
+    valid_topic(b).then(|| String::from_utf8_lossy(b).into_owned())
 }
 
 fn headers(v: &Val) -> Option<Vec<(String, Option<Vec<u8>>)>> {

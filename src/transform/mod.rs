@@ -7,9 +7,11 @@
 //! aborted and rewound and the record comes again after a back-off; never the DLQ).
 //!
 //! One file per kind: [`passthrough`] (borrows key and value, copies nothing), [`jq`] (with its
-//! JSON reader and writer in `json`). [`new`] is where a kind is registered; [`build`] calls it
-//! with the configured limits.
+//! JSON reader and writer in `json`), [`call`] (the application answers batches over HTTP; the
+//! loop stages records for it). [`new`] is where a kind is registered; [`build`] calls it with
+//! the configured limits.
 
+pub mod call;
 pub mod jq;
 mod json;
 pub mod passthrough;
@@ -19,6 +21,7 @@ use std::borrow::Cow;
 use crate::config::{TransformConfig, TransformSpec};
 use crate::error::Error;
 
+pub use call::Call;
 pub use jq::Jq;
 pub use passthrough::Passthrough;
 
@@ -39,6 +42,12 @@ pub trait Transform: Send {
     /// their last transaction committed or aborted.
     fn revoked(&mut self, partitions: &[Tp]) {
         let _ = partitions;
+    }
+
+    /// The call-out, whose records the loop stages and sends in batches before it applies
+    /// them; every other kind applies a record as it is read.
+    fn as_call(&mut self) -> Option<&mut Call> {
+        None
     }
 }
 
@@ -83,6 +92,9 @@ pub fn unavailable_first(inner: Box<dyn Transform>, n: u64) -> Box<dyn Transform
         fn revoked(&mut self, partitions: &[Tp]) {
             self.inner.revoked(partitions);
         }
+        fn as_call(&mut self) -> Option<&mut Call> {
+            self.inner.as_call()
+        }
     }
     if n == 0 {
         return inner;
@@ -96,6 +108,12 @@ pub fn new(spec: &TransformSpec, limits: Limits) -> Result<Box<dyn Transform>, E
         TransformSpec::Passthrough => Box::new(Passthrough::new(limits)),
         TransformSpec::Jq { program, envelope } => {
             Box::new(Jq::compile(program, *envelope, limits).map_err(Error::Jq)?)
+        }
+        TransformSpec::Call(spec) => {
+            let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+                Error::Config("--call-url: the call-out runs only inside `exactly run`".into())
+            })?;
+            Box::new(Call::new(spec, limits, runtime)?)
         }
     })
 }
@@ -157,17 +175,20 @@ pub enum Reason {
     BadEnvelope,
     /// The broker rejected an output for what it is (its size, its bytes, its timestamp).
     RejectedByBroker,
+    /// The application behind --call-url refused the record.
+    AppRejected,
 }
 
 impl Reason {
     /// Every reason, so the DLQ counter starts at 0 for each.
-    pub const ALL: [Reason; 6] = [
+    pub const ALL: [Reason; 7] = [
         Reason::NotJson,
         Reason::JqError,
         Reason::OutputTooLarge,
         Reason::TooManyOutputs,
         Reason::BadEnvelope,
         Reason::RejectedByBroker,
+        Reason::AppRejected,
     ];
 
     /// Stable name, used in the `exactly.error.reason` header.
@@ -179,6 +200,7 @@ impl Reason {
             Reason::TooManyOutputs => "too_many_outputs",
             Reason::BadEnvelope => "bad_envelope",
             Reason::RejectedByBroker => "rejected_by_broker",
+            Reason::AppRejected => "app_rejected",
         }
     }
 }
@@ -242,6 +264,16 @@ pub(crate) fn truncate(s: &mut String, max: usize) {
         s.truncate(cut);
         s.push('…');
     }
+}
+
+/// A name Kafka accepts for a topic.
+pub(crate) fn valid_topic(b: &[u8]) -> bool {
+    !b.is_empty()
+        && b.len() <= 249
+        && b != b"."
+        && b != b".."
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || b"._-".contains(c))
 }
 
 pub(crate) fn check_size(size: usize, limits: &Limits) -> Result<(), TransformError> {

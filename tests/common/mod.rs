@@ -10,6 +10,7 @@
 //!   outputs a test expects, and the product's header names.
 //! - `process`: running the `exactly` binary (start, signals, log, HTTP address, `audit`),
 //!   logged partition assignments, and the external checkers the tests call.
+//! - `http`: a running exactly's endpoints: GET, and metric samples out of `/metrics`.
 //! - `checks`: assertions and waits: committed offsets, settled transactions, the exactly-once
 //!   check, and the metric families exactly exports.
 //!
@@ -20,6 +21,7 @@
 mod broker;
 mod checks;
 mod data;
+mod http;
 mod process;
 
 // Each test crate uses only some of the helpers: a re-export it does not use is no warning.
@@ -29,5 +31,7 @@ pub use broker::*;
 pub use checks::*;
 #[allow(unused_imports)]
 pub use data::*;
+#[allow(unused_imports)]
+pub use http::*;
 #[allow(unused_imports)]
 pub use process::*;

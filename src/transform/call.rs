@@ -1,0 +1,761 @@
+//! The call-out: the application next to exactly decides what each record becomes.
+//!
+//! exactly POSTs batches of input records to `--call-url` and turns each answer into outputs
+//! inside the open transaction, like any other transform's. The batching, the calls in flight
+//! and their order live with the loop (`pipeline::stage`); this file is the wire format, the
+//! HTTP client and the [`Transform`] that hands out a record's answer when the loop applies it.
+//!
+//! # Request
+//! `{"records": [R, …]}`, one `R` per input record, in the order they were read:
+//! `{"lineage", "topic", "partition", "offset", "timestamp", "key", "key_encoding", "headers",
+//! "value", "value_encoding"}`. `lineage` is `topic/partition/offset`: the record's identity,
+//! and the idempotency key for any effect the application has outside Kafka (a record comes
+//! again after an abort or a restart). Bytes are binary-safe: `key` is a string with
+//! `key_encoding` `utf8` or `base64` (null without a key); `value` is the value's JSON when it
+//! parses (`value_encoding: "json"`), else its bytes in base64 (`"base64"`), or null for a
+//! tombstone (`"null"`); each header is `{"name", "value", "encoding"}`, the encoding
+//! (`utf8`/`base64`) applying to both name and value.
+//!
+//! # Response
+//! `{"results": [A, …]}`, exactly one `A` per record, in order. `A` is `{"outputs": [O, …]}`
+//! (zero or more; `{}` is none) or `{"reject": "message"}` (the record goes to the dead-letter
+//! topic with reason `app_rejected`). `A` may echo `lineage`, which must then match. `O` is the
+//! `--envelope` shape: `value` (any JSON, written as its JSON text; null writes a tombstone) or
+//! `value_base64` (raw bytes); optional `key` (string or null; absent keeps the input's) or
+//! `key_base64`; `topic` (absent or null: `--output-topic`); `headers` (an object of strings or
+//! nulls; absent keeps the input's).
+//!
+//! Anything else — no connection, a timeout, a status other than 2xx, a body that does not
+//! parse or has the wrong count — means the application is **unavailable**: the loop aborts,
+//! rewinds and backs off; nothing goes to the dead-letter topic.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::value::RawValue;
+
+use super::{
+    Failure, InputRecord, Limits, OutputHeaders, OutputRecord, Reason, Transform, TransformError,
+    check_size, truncate, valid_topic,
+};
+use crate::config::CallSpec;
+use crate::error::Error;
+
+/// The call-out transform: an HTTP client for batches, and the answer of the record the loop
+/// applies next.
+pub struct Call {
+    client: reqwest::Client,
+    url: reqwest::Url,
+    runtime: tokio::runtime::Handle,
+    limits: Limits,
+    /// The answer for the record `apply` is called for next, with that record's identity.
+    prepared: Option<Prepared>,
+}
+
+struct Prepared {
+    topic: String,
+    partition: i32,
+    offset: i64,
+    answer: Answer,
+}
+
+/// What the application said about one record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Zero or more outputs.
+    Outputs(Vec<Output>),
+    /// The record is refused: the dead-letter topic, with this message.
+    Rejected(String),
+}
+
+/// One output the application asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Output {
+    /// `None`: `--output-topic`.
+    pub topic: Option<String>,
+    /// `None`: the input's key; `Some(None)`: no key.
+    pub key: Option<Option<Vec<u8>>>,
+    /// `None`: a tombstone.
+    pub value: Option<Vec<u8>>,
+    /// `None`: the input's headers.
+    pub headers: Option<Vec<(String, Option<Vec<u8>>)>>,
+}
+
+/// Why a call gave no usable answer: the application is unavailable.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// No connection, or it broke.
+    #[error("application unreachable: {0}")]
+    Unreachable(String),
+    /// No answer within `--call-timeout`.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// A status other than 2xx.
+    #[error("application answered HTTP {0}: {1}")]
+    Status(u16, String),
+    /// The body is not a valid answer (or not one per record).
+    #[error("malformed answer: {0}")]
+    Malformed(String),
+}
+
+impl CallError {
+    /// The `outcome` label of `exactly_calls_total`.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            CallError::Unreachable(_) => "unreachable",
+            CallError::Timeout(_) => "timeout",
+            CallError::Status(..) => "http_error",
+            CallError::Malformed(_) => "malformed",
+        }
+    }
+}
+
+/// Every `outcome` label of `exactly_calls_total`, so each starts at 0.
+pub const OUTCOMES: [&str; 5] = ["ok", "unreachable", "timeout", "http_error", "malformed"];
+
+/// A call on its way: the answer arrives on a channel, decoded off the loop thread.
+pub struct InFlight {
+    rx: mpsc::Receiver<Called>,
+    /// When it was sent.
+    pub sent: Instant,
+}
+
+/// A finished call.
+#[derive(Debug)]
+pub struct Called {
+    /// One answer per record, or why there is none.
+    pub answers: Result<Vec<Answer>, CallError>,
+    /// From sending to the decoded answer.
+    pub took: Duration,
+}
+
+impl InFlight {
+    /// The finished call, if it has finished.
+    pub fn try_take(&self) -> Option<Called> {
+        match self.rx.try_recv() {
+            Ok(c) => Some(c),
+            Err(mpsc::TryRecvError::Empty) => None,
+            Err(mpsc::TryRecvError::Disconnected) => Some(self.lost()),
+        }
+    }
+
+    /// Waits up to `wait` for the call to finish.
+    pub fn wait(&self, wait: Duration) -> Option<Called> {
+        match self.rx.recv_timeout(wait) {
+            Ok(c) => Some(c),
+            Err(mpsc::RecvTimeoutError::Timeout) => None,
+            Err(mpsc::RecvTimeoutError::Disconnected) => Some(self.lost()),
+        }
+    }
+
+    /// The task ended without answering (the runtime is shutting down).
+    fn lost(&self) -> Called {
+        Called {
+            answers: Err(CallError::Unreachable("the call was cancelled".into())),
+            took: self.sent.elapsed(),
+        }
+    }
+}
+
+impl Call {
+    /// A client for `spec`; calls run on `runtime`.
+    pub fn new(
+        spec: &CallSpec,
+        limits: Limits,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Call, Error> {
+        let url = reqwest::Url::parse(&spec.url)
+            .map_err(|e| Error::Config(format!("--call-url: {e}")))?;
+        let client = reqwest::Client::builder()
+            .timeout(spec.timeout)
+            .connect_timeout(spec.timeout)
+            // The application is next to exactly: never through a proxy from the environment.
+            .no_proxy()
+            .pool_max_idle_per_host(spec.in_flight)
+            .build()
+            .map_err(|e| Error::Config(format!("--call-url: {e}")))?;
+        Ok(Call {
+            client,
+            url,
+            runtime,
+            limits,
+            prepared: None,
+        })
+    }
+
+    /// POSTs `records` as one batch; the answer is decoded on the runtime.
+    pub fn submit(&self, records: &[InputRecord<'_>], timeout: Duration) -> InFlight {
+        let body = request(records);
+        let lineages: Vec<String> = records.iter().map(lineage).collect();
+        let (tx, rx) = mpsc::channel();
+        let sent = Instant::now();
+        let call = self
+            .client
+            .post(self.url.clone())
+            .header(reqwest::header::CONTENT_TYPE, "application/json");
+        self.runtime.spawn(async move {
+            let answers = match call.body(body).send().await {
+                Ok(resp) => answer(resp, &lineages).await,
+                Err(e) if e.is_timeout() => Err(CallError::Timeout(timeout)),
+                Err(e) => Err(CallError::Unreachable(chain(&e))),
+            };
+            let _ = tx.send(Called {
+                answers,
+                took: sent.elapsed(),
+            });
+        });
+        InFlight { rx, sent }
+    }
+
+    /// The answer for `input`, handed out by the next `apply` for that record.
+    pub fn prepare(&mut self, input: &InputRecord<'_>, answer: Answer) {
+        self.prepared = Some(Prepared {
+            topic: input.topic.to_string(),
+            partition: input.partition,
+            offset: input.offset,
+            answer,
+        });
+    }
+}
+
+impl Transform for Call {
+    fn apply<'a>(&mut self, input: &InputRecord<'a>) -> Result<Vec<OutputRecord<'a>>, Failure> {
+        let answer = match self.prepared.take() {
+            Some(p)
+                if p.partition == input.partition
+                    && p.offset == input.offset
+                    && p.topic == input.topic =>
+            {
+                p.answer
+            }
+            _ => {
+                return Err(Failure::Unavailable(format!(
+                    "no answer for {} (the call-out applies records only from answered batches)",
+                    lineage(input)
+                )));
+            }
+        };
+        let outputs = match answer {
+            Answer::Rejected(message) => {
+                return Err(TransformError::new(Reason::AppRejected, message).into());
+            }
+            Answer::Outputs(o) => o,
+        };
+        if outputs.len() > self.limits.max_outputs {
+            return Err(TransformError::new(
+                Reason::TooManyOutputs,
+                format!(
+                    "the application answered {} outputs, more than --max-outputs-per-record {}",
+                    outputs.len(),
+                    self.limits.max_outputs
+                ),
+            )
+            .into());
+        }
+        let mut out = Vec::with_capacity(outputs.len());
+        for o in outputs {
+            let key = match o.key {
+                None => input.key.map(Cow::Borrowed),
+                Some(k) => k.map(Cow::Owned),
+            };
+            let size = key.as_ref().map_or(0, |k| k.len()) + o.value.as_ref().map_or(0, Vec::len);
+            check_size(size, &self.limits)?;
+            out.push(OutputRecord {
+                topic: o.topic,
+                key,
+                value: o.value.map(Cow::Owned),
+                headers: o.headers.map_or(OutputHeaders::Input, OutputHeaders::Set),
+            });
+        }
+        Ok(out)
+    }
+
+    fn as_call(&mut self) -> Option<&mut Call> {
+        Some(self)
+    }
+}
+
+/// A record's identity in the request: `topic/partition/offset`.
+pub fn lineage(input: &InputRecord<'_>) -> String {
+    format!("{}/{}/{}", input.topic, input.partition, input.offset)
+}
+
+/// The request body for `records`.
+pub fn request(records: &[InputRecord<'_>]) -> Vec<u8> {
+    let records: Vec<Record<'_>> = records.iter().map(Record::of).collect();
+    // Serialising borrowed strings, numbers and raw JSON cannot fail.
+    serde_json::to_vec(&Request { records }).unwrap_or_default()
+}
+
+#[derive(Serialize)]
+struct Request<'a> {
+    records: Vec<Record<'a>>,
+}
+
+#[derive(Serialize)]
+struct Record<'a> {
+    lineage: String,
+    topic: &'a str,
+    partition: i32,
+    offset: i64,
+    timestamp: Option<i64>,
+    key: Option<Cow<'a, str>>,
+    key_encoding: Option<&'static str>,
+    headers: Vec<Header<'a>>,
+    value: Option<Value<'a>>,
+    value_encoding: &'static str,
+}
+
+#[derive(Serialize)]
+struct Header<'a> {
+    name: Cow<'a, str>,
+    value: Option<Cow<'a, str>>,
+    encoding: &'static str,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Value<'a> {
+    Json(&'a RawValue),
+    Base64(String),
+}
+
+impl<'a> Record<'a> {
+    fn of(input: &InputRecord<'a>) -> Record<'a> {
+        let (key, key_encoding) = match input.key.map(text) {
+            None => (None, None),
+            Some((k, e)) => (Some(k), Some(e)),
+        };
+        let (value, value_encoding) = match input.value {
+            None => (None, "null"),
+            Some(v) => match serde_json::from_slice::<&RawValue>(v) {
+                Ok(raw) => (Some(Value::Json(raw)), "json"),
+                Err(_) => (Some(Value::Base64(BASE64.encode(v))), "base64"),
+            },
+        };
+        let headers = input
+            .headers
+            .iter()
+            .map(|&(name, value)| {
+                match (std::str::from_utf8(name), value.map(std::str::from_utf8)) {
+                    (Ok(n), None) => Header {
+                        name: Cow::Borrowed(n),
+                        value: None,
+                        encoding: "utf8",
+                    },
+                    (Ok(n), Some(Ok(v))) => Header {
+                        name: Cow::Borrowed(n),
+                        value: Some(Cow::Borrowed(v)),
+                        encoding: "utf8",
+                    },
+                    _ => Header {
+                        name: Cow::Owned(BASE64.encode(name)),
+                        value: value.map(|v| Cow::Owned(BASE64.encode(v))),
+                        encoding: "base64",
+                    },
+                }
+            })
+            .collect();
+        Record {
+            lineage: lineage(input),
+            topic: input.topic,
+            partition: input.partition,
+            offset: input.offset,
+            timestamp: input.timestamp,
+            key,
+            key_encoding,
+            headers,
+            value,
+            value_encoding,
+        }
+    }
+}
+
+/// Bytes as text when they are UTF-8, else base64; with the encoding's name.
+fn text(b: &[u8]) -> (Cow<'_, str>, &'static str) {
+    match std::str::from_utf8(b) {
+        Ok(s) => (Cow::Borrowed(s), "utf8"),
+        Err(_) => (Cow::Owned(BASE64.encode(b)), "base64"),
+    }
+}
+
+/// Reads and decodes the application's answer.
+async fn answer(resp: reqwest::Response, lineages: &[String]) -> Result<Vec<Answer>, CallError> {
+    let status = resp.status();
+    let body = resp.bytes().await.map_err(|e| {
+        if e.is_timeout() {
+            CallError::Unreachable(format!("reading the answer: timed out: {}", chain(&e)))
+        } else {
+            CallError::Unreachable(format!("reading the answer: {}", chain(&e)))
+        }
+    })?;
+    if !status.is_success() {
+        let mut text = String::from_utf8_lossy(&body).into_owned();
+        truncate(&mut text, 200);
+        return Err(CallError::Status(status.as_u16(), text));
+    }
+    decode(&body, lineages).map_err(CallError::Malformed)
+}
+
+/// An error with its causes: reqwest's own message says little ("error sending request").
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    s
+}
+
+/// Decodes a response body: one answer per record of the request, in order.
+pub fn decode(body: &[u8], lineages: &[String]) -> Result<Vec<Answer>, String> {
+    let resp: Response = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    if resp.results.len() != lineages.len() {
+        return Err(format!(
+            "{} results for {} records",
+            resp.results.len(),
+            lineages.len()
+        ));
+    }
+    resp.results
+        .into_iter()
+        .zip(lineages)
+        .enumerate()
+        .map(|(i, (r, lineage))| {
+            if let Some(echo) = &r.lineage
+                && echo != lineage
+            {
+                return Err(format!(
+                    "result {i} is for {echo}, but record {i} is {lineage}"
+                ));
+            }
+            match (r.reject, r.outputs) {
+                (Some(_), Some(o)) if !o.is_empty() => Err(format!(
+                    "result {i} ({lineage}) has both outputs and a rejection"
+                )),
+                (Some(message), _) => Ok(Answer::Rejected(message)),
+                (None, outputs) => outputs
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|o| {
+                        o.decode()
+                            .map_err(|e| format!("result {i} ({lineage}): {e}"))
+                    })
+                    .collect::<Result<_, _>>()
+                    .map(Answer::Outputs),
+            }
+        })
+        .collect()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Response {
+    results: Vec<ResultJson>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResultJson {
+    #[serde(default)]
+    lineage: Option<String>,
+    #[serde(default)]
+    outputs: Option<Vec<OutputJson>>,
+    #[serde(default)]
+    reject: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OutputJson {
+    /// Present (null included) or absent: `Option<Box<RawValue>>` alone reads null as absent.
+    #[serde(default, deserialize_with = "present")]
+    value: Option<Box<RawValue>>,
+    #[serde(default)]
+    value_base64: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    key: Option<Option<String>>,
+    #[serde(default)]
+    key_base64: Option<String>,
+    #[serde(default)]
+    topic: Option<String>,
+    #[serde(default)]
+    headers: Option<BTreeMap<String, Option<String>>>,
+}
+
+/// A field that is present, whatever its value (null included).
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+impl OutputJson {
+    fn decode(self) -> Result<Output, String> {
+        let value = match (self.value, self.value_base64) {
+            (Some(_), Some(_)) => return Err("an output has both value and value_base64".into()),
+            (None, None) => {
+                return Err("an output has no value (use null for a tombstone)".into());
+            }
+            (Some(raw), None) if raw.get() == "null" => None,
+            (Some(raw), None) => Some(raw.get().as_bytes().to_vec()),
+            (None, Some(b)) => Some(
+                BASE64
+                    .decode(b)
+                    .map_err(|e| format!("value_base64 is not base64: {e}"))?,
+            ),
+        };
+        let key = match (self.key, self.key_base64) {
+            (Some(_), Some(_)) => return Err("an output has both key and key_base64".into()),
+            (None, None) => None,
+            (Some(k), None) => Some(k.map(String::into_bytes)),
+            (None, Some(b)) => Some(Some(
+                BASE64
+                    .decode(b)
+                    .map_err(|e| format!("key_base64 is not base64: {e}"))?,
+            )),
+        };
+        if let Some(t) = &self.topic
+            && !valid_topic(t.as_bytes())
+        {
+            return Err(format!("topic {t:?} is not a valid topic name"));
+        }
+        Ok(Output {
+            topic: self.topic,
+            key,
+            value,
+            headers: self.headers.map(|h| {
+                h.into_iter()
+                    .map(|(n, v)| (n, v.map(String::into_bytes)))
+                    .collect()
+            }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input<'a>(value: Option<&'a [u8]>, key: Option<&'a [u8]>) -> InputRecord<'a> {
+        InputRecord {
+            topic: "in",
+            partition: 2,
+            offset: 7,
+            timestamp: Some(1_700_000_000_000),
+            key,
+            value,
+            headers: vec![(b"h", Some(b"v")), (b"\xff", None)],
+        }
+    }
+
+    fn limits() -> Limits {
+        Limits {
+            max_output_bytes: 100,
+            max_outputs: 3,
+        }
+    }
+
+    #[test]
+    fn request_is_json_when_it_parses_and_base64_otherwise() {
+        let body = request(&[
+            input(Some(br#"{"a": [1, 2.50]}"#), Some(b"k")),
+            input(Some(b"\x00\xffnot json"), Some(b"\xfe")),
+            input(None, None),
+        ]);
+        // Raw JSON goes through as written: no float or whitespace reformatting.
+        let text = String::from_utf8(body.clone()).unwrap();
+        assert!(text.contains(r#""value":{"a": [1, 2.50]}"#), "{text}");
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let r = &v["records"];
+        assert_eq!(r[0]["lineage"], "in/2/7");
+        assert_eq!(r[0]["value_encoding"], "json");
+        assert_eq!(
+            (r[0]["key"].as_str(), r[0]["key_encoding"].as_str()),
+            (Some("k"), Some("utf8"))
+        );
+        assert_eq!(r[0]["timestamp"], 1_700_000_000_000i64);
+        assert_eq!(
+            r[0]["headers"][0],
+            serde_json::json!({"name": "h", "value": "v", "encoding": "utf8"})
+        );
+        assert_eq!(
+            r[0]["headers"][1],
+            serde_json::json!({"name": "/w==", "value": null, "encoding": "base64"})
+        );
+        assert_eq!(r[1]["value_encoding"], "base64");
+        assert_eq!(
+            BASE64.decode(r[1]["value"].as_str().unwrap()).unwrap(),
+            b"\x00\xffnot json"
+        );
+        assert_eq!(r[1]["key_encoding"], "base64");
+        assert_eq!(
+            (r[2]["value"].is_null(), r[2]["value_encoding"].as_str()),
+            (true, Some("null"))
+        );
+        assert!(r[2]["key"].is_null() && r[2]["key_encoding"].is_null());
+    }
+
+    fn lineages(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("in/0/{i}")).collect()
+    }
+
+    #[test]
+    fn decodes_outputs_rejections_and_envelope_fields() {
+        let body = br#"{"results": [
+            {"outputs": [{"value": {"x": 1}}, {"value": null, "key": null, "topic": "t2"}]},
+            {"reject": "no such customer", "lineage": "in/0/1"},
+            {},
+            {"outputs": [{"value_base64": "AP8=", "key_base64": "/w==", "headers": {"a": "b", "n": null}}]},
+            {"outputs": [{"value": "s", "key": "k"}]}
+        ]}"#;
+        let a = decode(body, &lineages(5)).unwrap();
+        let out = |topic: Option<&str>, key, value: Option<&[u8]>, headers| Output {
+            topic: topic.map(str::to_string),
+            key,
+            value: value.map(<[u8]>::to_vec),
+            headers,
+        };
+        assert_eq!(
+            a[0],
+            Answer::Outputs(vec![
+                out(None, None, Some(br#"{"x": 1}"#), None),
+                out(Some("t2"), Some(None), None, None),
+            ])
+        );
+        assert_eq!(a[1], Answer::Rejected("no such customer".into()));
+        assert_eq!(a[2], Answer::Outputs(vec![]));
+        assert_eq!(
+            a[3],
+            Answer::Outputs(vec![out(
+                None,
+                Some(Some(vec![0xff])),
+                Some(&[0, 0xff]),
+                Some(vec![("a".into(), Some(b"b".to_vec())), ("n".into(), None)]),
+            )])
+        );
+        assert_eq!(
+            a[4],
+            Answer::Outputs(vec![out(
+                None,
+                Some(Some(b"k".to_vec())),
+                Some(br#""s""#),
+                None
+            )])
+        );
+    }
+
+    #[test]
+    fn a_wrong_answer_is_malformed() {
+        for (body, n, why) in [
+            (&b"not json"[..], 1, "expected"),
+            (br#"{"results": []}"#, 1, "0 results for 1 records"),
+            (br#"{"results": [{}, {}]}"#, 1, "2 results for 1 records"),
+            (
+                br#"{"results": [{"lineage": "in/0/9"}]}"#,
+                1,
+                "is for in/0/9",
+            ),
+            (
+                br#"{"results": [{"outputs": [{"key": "k"}]}]}"#,
+                1,
+                "no value",
+            ),
+            (
+                br#"{"results": [{"outputs": [{"value": 1, "value_base64": "AA=="}]}]}"#,
+                1,
+                "both value",
+            ),
+            (
+                br#"{"results": [{"outputs": [{"value": 1, "topic": "a b"}]}]}"#,
+                1,
+                "not a valid topic",
+            ),
+            (
+                br#"{"results": [{"outputs": [{"value_base64": "%%"}]}]}"#,
+                1,
+                "not base64",
+            ),
+            (
+                br#"{"results": [{"reject": "x", "outputs": [{"value": 1}]}]}"#,
+                1,
+                "both outputs and a rejection",
+            ),
+            (br#"{"results": [{"output": []}]}"#, 1, "unknown field"),
+        ] {
+            let e = decode(body, &lineages(n)).unwrap_err();
+            assert!(e.contains(why), "{}: {e}", String::from_utf8_lossy(body));
+        }
+    }
+
+    fn call() -> Call {
+        let spec = CallSpec {
+            url: "http://127.0.0.1:9/".into(),
+            batch_records: 10,
+            batch_bytes: 1000,
+            linger: Duration::from_millis(1),
+            in_flight: 1,
+            timeout: Duration::from_secs(1),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        Call::new(&spec, limits(), rt.handle().clone()).unwrap()
+    }
+
+    #[test]
+    fn apply_hands_out_the_prepared_answer_of_that_record_only() {
+        let mut c = call();
+        let i = input(Some(b"1"), Some(b"k"));
+        // No answer prepared: unavailable, never the DLQ.
+        assert!(matches!(c.apply(&i), Err(Failure::Unavailable(_))));
+        let o = Output {
+            topic: None,
+            key: None,
+            value: Some(b"v".to_vec()),
+            headers: None,
+        };
+        c.prepare(&i, Answer::Outputs(vec![o.clone()]));
+        let out = c.apply(&i).unwrap();
+        assert_eq!(
+            out[0].key.as_deref(),
+            Some(&b"k"[..]),
+            "absent key keeps the input's"
+        );
+        assert_eq!(out[0].headers, OutputHeaders::Input);
+        // Used once.
+        assert!(matches!(c.apply(&i), Err(Failure::Unavailable(_))));
+        // Prepared for another record.
+        let other = InputRecord {
+            offset: 8,
+            ..i.clone()
+        };
+        c.prepare(&other, Answer::Outputs(vec![o.clone()]));
+        assert!(matches!(c.apply(&i), Err(Failure::Unavailable(_))));
+        c.prepare(&i, Answer::Rejected("nope".into()));
+        match c.apply(&i) {
+            Err(Failure::BadRecord(e)) => assert_eq!(
+                (e.reason, e.message.as_str()),
+                (Reason::AppRejected, "nope")
+            ),
+            r => panic!("{r:?}"),
+        }
+        c.prepare(&i, Answer::Outputs(vec![o.clone(); 4]));
+        assert!(
+            matches!(c.apply(&i), Err(Failure::BadRecord(e)) if e.reason == Reason::TooManyOutputs)
+        );
+        let big = Output {
+            value: Some(vec![b'x'; 101]),
+            ..o
+        };
+        c.prepare(&i, Answer::Outputs(vec![big]));
+        assert!(
+            matches!(c.apply(&i), Err(Failure::BadRecord(e)) if e.reason == Reason::OutputTooLarge)
+        );
+    }
+}
