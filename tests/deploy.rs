@@ -41,8 +41,10 @@ fn alert_rules_pass_promtool_check_and_their_unit_tests() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", said(&out));
+    let rules = yaml("grafana/prometheus/exactly-alerts.yaml");
+    let count = rules[0]["groups"][0]["rules"].as_array().unwrap().len();
     assert!(
-        said(&out).contains("SUCCESS: 8 rules found"),
+        said(&out).contains(&format!("SUCCESS: {count} rules found")),
         "{}",
         said(&out)
     );
@@ -53,7 +55,6 @@ fn alert_rules_pass_promtool_check_and_their_unit_tests() {
         .unwrap();
     assert!(out.status.success(), "{}", said(&out));
     // Every alert has a unit test.
-    let rules = yaml("grafana/prometheus/exactly-alerts.yaml");
     let tests = read("grafana/prometheus/exactly-alerts.test.yaml");
     for rule in rules[0]["groups"][0]["rules"].as_array().unwrap() {
         let name = rule["alert"].as_str().unwrap();
@@ -118,13 +119,24 @@ fn the_compose_file_validates() {
     assert_eq!(
         names,
         BTreeSet::from([
+            "app",
             "exactly",
+            "exactly-call",
             "grafana",
             "kafka",
             "producer",
             "prometheus",
             "topics"
         ])
+    );
+    // The call-out's exactly is the application's sidecar: one network, calls on loopback.
+    let call = &services["exactly-call"];
+    assert_eq!(call["network_mode"], "service:app");
+    assert!(
+        call["environment"]["EXACTLY_CALL_URL"]
+            .as_str()
+            .unwrap()
+            .starts_with("http://127.0.0.1:")
     );
     let kafka = &services["kafka"]["environment"];
     assert_eq!(kafka["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"], "1");
@@ -147,6 +159,7 @@ fn the_compose_file_validates() {
         ("prometheus", "grafana/prometheus/exactly-alerts.yaml"),
         ("grafana", "grafana/provisioning"),
         ("grafana", "grafana/dashboards"),
+        ("app", "examples/call"),
     ] {
         let sources: Vec<&str> = services[service]["volumes"]
             .as_array()
@@ -240,8 +253,22 @@ fn the_dashboard_can_be_provisioned_and_covers_every_metric() {
 }
 
 #[test]
-fn the_kubernetes_example_probes_and_waits_for_the_shutdown() {
-    let docs = yaml("docker/kubernetes/exactly-sidecar.yaml");
+fn the_kubernetes_examples_probe_and_wait_for_the_shutdown() {
+    for path in [
+        "docker/kubernetes/exactly-sidecar.yaml",
+        "docker/kubernetes/exactly-call.yaml",
+    ] {
+        check_kubernetes_example(path);
+    }
+    // The call-out example calls the application in its own Pod.
+    let docs = yaml("docker/kubernetes/exactly-call.yaml");
+    let config = docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap();
+    let url = config["data"]["EXACTLY_CALL_URL"].as_str().unwrap();
+    assert!(url.starts_with("http://127.0.0.1:8080/"), "{url}");
+}
+
+fn check_kubernetes_example(path: &str) {
+    let docs = yaml(path);
     let config = docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap();
     let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
     let spec = &deployment["spec"]["template"]["spec"];
