@@ -62,6 +62,14 @@ enum Cmd {
         #[arg(long, default_value_t = 600)]
         timeout_seconds: u64,
     },
+    /// Answer exactly's call-out (`--call-url http://127.0.0.1:PORT/`) as a passthrough
+    /// application that takes `delay_ms` per call; prints {"port": N} once listening.
+    Serve {
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+        #[arg(long, default_value_t = 0)]
+        delay_ms: u64,
+    },
     /// Wait until `group` has committed the end of `topic`; time it from the first commit
     /// (steady: the process's start and group join excluded) and from this command's start
     /// (whole: started right after the system under test), and read the CPU time and peak RSS
@@ -330,6 +338,41 @@ fn drain(bootstrap: &str, topic: &str, group: &str, pid: u32, timeout: u64) {
     }
 }
 
+/// The call-out's answer for a request body: every record written on unchanged.
+fn passthrough_answer(body: &[u8]) -> Option<Vec<u8>> {
+    let req: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let results: Vec<serde_json::Value> = req["records"]
+        .as_array()?
+        .iter()
+        .map(|r| match r["value_encoding"].as_str() {
+            Some("base64") => json!({"outputs": [{"value_base64": r["value"]}]}),
+            _ => json!({"outputs": [{"value": r["value"]}]}),
+        })
+        .collect();
+    serde_json::to_vec(&json!({ "results": results })).ok()
+}
+
+fn serve(port: u16, delay_ms: u64) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async move {
+        let app = axum::Router::new().fallback(axum::routing::post(
+            move |body: axum::body::Bytes| async move {
+                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                match passthrough_answer(&body) {
+                    Some(out) => (axum::http::StatusCode::OK, out),
+                    None => (axum::http::StatusCode::BAD_REQUEST, b"bad request".to_vec()),
+                }
+            },
+        ));
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        println!("{}", json!({ "port": port }));
+        axum::serve(listener, app).await.expect("serve");
+    });
+}
+
 fn main() {
     let cli = Cli::parse();
     let b = &cli.bootstrap;
@@ -353,5 +396,6 @@ fn main() {
             pid,
             timeout_seconds,
         } => drain(b, &topic, &group, pid, timeout_seconds),
+        Cmd::Serve { port, delay_ms } => serve(port, delay_ms),
     }
 }

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The call-out's throughput: exactly-once at 100 ms commits drains ~100 B records through an
+# application that answers each call after 0, 1 or 10 ms (loadgen serve: a passthrough in
+# Rust, so the numbers are exactly's, not the application's), for a few batch sizes.
+#
+#   bench/call.sh [BINARY] [records]      (defaults: target/release/exactly, 1,000,000)
+#
+# Prints a Markdown table: records/s from the first commit to the end of the input (steady),
+# CPU s per million records and peak RSS of exactly, and the calls it made.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+repo=$PWD
+bin=${1:-$repo/target/release/exactly}
+count=${2:-1000000}
+
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
+
+topic in
+"${loadgen[@]}" preload --topic in --count "$count" --size 100 >/dev/null
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+echo "| application delay per call | --call-batch-records | records/s | CPU s per million | peak RSS MB | calls |"
+echo "|---|---|---|---|---|---|"
+run=0
+for delay in 0 1 10; do
+  "${loadgen[@]}" serve --delay-ms "$delay" >"$EXACTLY_KAFKA_DIR/serve.json" &
+  app=$!
+  until [ -s "$EXACTLY_KAFKA_DIR/serve.json" ]; do sleep 0.1; done
+  app_port=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["port"])' "$EXACTLY_KAFKA_DIR/serve.json")
+  for batch in 100 500 2000; do
+    run=$((run + 1))
+    topic "out-$run"
+    "$bin" run --bootstrap-servers "$bootstrap" --input-topics in --output-topic "out-$run" \
+      --group-id "call-$run" --instance-id "call-$run" --on-error skip --log-level warn \
+      --http-addr "127.0.0.1:$port" --call-url "http://127.0.0.1:$app_port/" \
+      --call-batch-records "$batch" 2>>"$EXACTLY_KAFKA_DIR/sut.log" &
+    pid=$!
+    result=$("${loadgen[@]}" drain --topic in --group "call-$run" --pid "$pid")
+    calls=$(curl -s "http://127.0.0.1:$port/metrics" | awk '/^exactly_calls_total\{outcome="ok"\}/ {print $2}')
+    kill -TERM "$pid"
+    wait "$pid" || true
+    python3 - "$delay" "$batch" "$result" "${calls:-0}" <<'PY'
+import json, sys
+delay, batch, r, calls = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), float(sys.argv[4])
+print(f"| {delay} ms | {batch} | {int(r['records_per_second']):,} | "
+      f"{r['cpu_seconds_per_million']:.1f} | {r['peak_rss_kb'] // 1024} | {int(calls):,} |")
+PY
+  done
+  kill "$app"
+  wait "$app" 2>/dev/null || true
+done
