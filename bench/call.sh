@@ -6,7 +6,8 @@
 #   bench/call.sh [BINARY] [records]      (defaults: target/release/exactly, 1,000,000)
 #
 # Prints a Markdown table: records/s from the first commit to the end of the input (steady),
-# CPU s per million records and peak RSS of exactly, and the calls it made.
+# CPU s per million records and peak RSS of exactly, and the calls it made. Keeps the results in
+# bench/results/call.jsonl and draws bench/results/call.png (when matplotlib is there).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 repo=$PWD
@@ -18,6 +19,8 @@ source bench/lib.sh
 
 topic in
 "${loadgen[@]}" preload --topic in --count "$count" --size 100 >/dev/null
+out=bench/results/call.jsonl
+: >"$out"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 echo "| application delay per call | --call-batch-records | records/s | CPU s per million | peak RSS MB | calls |"
 echo "|---|---|---|---|---|---|"
@@ -39,9 +42,11 @@ for delay in 0 1 10; do
     calls=$(curl -s "http://127.0.0.1:$port/metrics" | awk '/^exactly_calls_total\{outcome="ok"\}/ {print $2}')
     kill -TERM "$pid"
     wait "$pid" || true
-    python3 - "$delay" "$batch" "$result" "${calls:-0}" <<'PY'
+    python3 - "$delay" "$batch" "$result" "${calls:-0}" "$out" <<'PY'
 import json, sys
-delay, batch, r, calls = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), float(sys.argv[4])
+delay, batch, r, calls = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3]), float(sys.argv[4])
+with open(sys.argv[5], "a") as f:
+    f.write(json.dumps({"delay_ms": delay, "batch": batch, "calls": calls, "result": r}) + "\n")
 print(f"| {delay} ms | {batch} | {int(r['records_per_second']):,} | "
       f"{r['cpu_seconds_per_million']:.1f} | {r['peak_rss_kb'] // 1024} | {int(calls):,} |")
 PY
@@ -49,3 +54,25 @@ PY
   kill "$app"
   wait "$app" 2>/dev/null || true
 done
+python3 - "$out" bench/results/call.png <<'PY'
+import json, sys
+try:
+    import matplotlib
+except ImportError:
+    sys.exit(0)
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+rows = [json.loads(l) for l in open(sys.argv[1])]
+fig, ax = plt.subplots(figsize=(7, 4))
+for delay in sorted({r["delay_ms"] for r in rows}):
+    pts = sorted((r["batch"], r["result"]["records_per_second"] / 1000) for r in rows if r["delay_ms"] == delay)
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"application answers in {delay} ms")
+ax.set_xscale("log")
+ax.set_xlabel("--call-batch-records (4 calls in flight)")
+ax.set_ylabel("thousand records/s (exactly-once, 100 ms)")
+ax.set_title("The call-out, ~100 B records")
+ax.axhline(50, color="grey", linestyle=":", label="target with a 1 ms application")
+ax.legend(fontsize=8)
+fig.tight_layout()
+fig.savefig(sys.argv[2], dpi=110)
+PY
