@@ -77,14 +77,25 @@ use crate::metrics::Metrics;
 /// Stack of the loop thread: jq programs and JSON values recurse.
 const LOOP_STACK: usize = 64 << 20;
 
-/// Runs an audit: reads the history, replays the transform, returns the report.
+/// Runs an audit: reads the history, replays the transform (a call-out's application only
+/// when told to), returns the report.
 pub fn audit(config: config::AuditConfig) -> Result<audit::Report, Error> {
     let t = &config.transform;
-    let mut transform = transform::build(t)?;
+    let mut transform = match &t.spec {
+        config::TransformSpec::Call(_) => None,
+        _ => Some(transform::build(t)?),
+    };
     let history = audit::read::collect(&config.plan)?;
+    if let config::TransformSpec::Call(spec) = &t.spec
+        && config.replay_call
+    {
+        transform = Some(audit::replay_call(spec, t, &history)?);
+    }
     Ok(audit::analyze(
         &history,
-        transform.as_mut(),
+        transform
+            .as_mut()
+            .map(|t| t.as_mut() as &mut dyn transform::Transform),
         t.on_error,
         &config.plan.outputs[0],
         config.max_message_bytes,

@@ -118,6 +118,29 @@ fn metrics(ex: &Exactly) -> String {
         .unwrap_or_default()
 }
 
+/// `exactly audit` of a call-out pipeline, by lineage alone or (`replay`) asking the
+/// application again.
+fn audit(topics: &Topics, group: &str, app: &App, replay: bool) -> (i32, Value) {
+    let b = bootstrap();
+    let url = app.url();
+    let mut args = vec![
+        "--bootstrap-servers",
+        &b,
+        "--input-topics",
+        &topics.input,
+        "--output-topic",
+        &topics.output,
+        "--group-id",
+        group,
+        "--call-url",
+        &url,
+    ];
+    if replay {
+        args.push("--replay-call");
+    }
+    audit_json(&args)
+}
+
 /// Waits until exactly's metrics say `pred`.
 fn wait_metrics(ex: &Exactly, what: &str, timeout: Duration, pred: impl Fn(&str) -> bool) {
     let deadline = Instant::now() + timeout;

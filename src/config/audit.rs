@@ -6,8 +6,8 @@ use std::time::Duration;
 use clap::Args;
 
 use super::{
-    CONSUMER_OWNED, OnError, TransformArgs, TransformConfig, check_passthrough, check_topic_name,
-    parse_duration, parse_key_value,
+    CONSUMER_OWNED, CallArgs, OnError, TransformArgs, TransformConfig, check_passthrough,
+    check_topic_name, parse_duration, parse_key_value,
 };
 use crate::error::Error;
 use crate::kafka::Settings;
@@ -52,6 +52,16 @@ pub struct AuditArgs {
     /// The transform, exactly as the pipeline runs it.
     #[command(flatten)]
     pub transform: TransformArgs,
+
+    /// The pipeline's call-out, if it calls an application.
+    #[command(flatten)]
+    pub call: CallArgs,
+
+    /// Call the application again and compare its answers with the outputs (only for an
+    /// application that answers the same record the same way). Without it a call-out pipeline
+    /// is audited by lineage alone.
+    #[arg(long, requires = "call_url")]
+    pub replay_call: bool,
 
     /// Start of the input range: a time (RFC 3339, or milliseconds since the epoch).
     #[arg(long, value_name = "TIME", conflicts_with = "from_offsets")]
@@ -126,6 +136,8 @@ pub struct AuditConfig {
     pub plan: Plan,
     /// The transform.
     pub transform: TransformConfig,
+    /// Call the application again (a call-out), rather than account by lineage alone.
+    pub replay_call: bool,
     /// JSON output.
     pub json: bool,
     /// The run's producer message.max.bytes.
@@ -141,7 +153,7 @@ impl AuditArgs {
         for t in &self.output_topics {
             check_topic_name("--output-topic", t)?;
         }
-        let transform = self.transform.resolve(None)?;
+        let transform = self.transform.resolve(Some(self.call))?;
         let dlq = match (self.dlq_topic, transform.on_error) {
             (Some(d), _) => Some(d),
             (None, OnError::Dlq) => Some(format!("{}.dlq", self.output_topics[0])),
@@ -184,6 +196,7 @@ impl AuditArgs {
                 timeout: self.timeout,
             },
             transform,
+            replay_call: self.replay_call,
             json: self.json,
             max_message_bytes: self.max_message_bytes,
         })

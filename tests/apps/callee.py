@@ -6,8 +6,9 @@
 Listens on a free loopback port (written to --port-file once listening) and answers like the
 example. `POST /control` with {"delay_ms": N, "mode": M} changes how it answers from then on:
 mode "ok" (the example's answers), "garbage" (a body that is not JSON), "wrong_count" (one
-result too few), "status_500". --seen appends the lineage of every record it is sent, one per
-line, so a test can count what the application saw.
+result too few), "status_500", "wrong_value" (every output's value replaced). --seen appends
+the lineage of every record it is sent, one per line, so a test can count what the
+application saw.
 """
 
 import argparse
@@ -43,6 +44,11 @@ class Handler(app.Handler):
         out = app.answers(body)
         if mode == "wrong_count":
             out["results"] = out["results"][:-1]
+        if mode == "wrong_value":
+            for r in out["results"]:
+                for o in r.get("outputs", []):
+                    o.pop("value_base64", None)
+                    o["value"] = "changed"
         self.reply(200, out)
 
     def raw(self, status, data):
