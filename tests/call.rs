@@ -5,97 +5,11 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
-use nix::sys::signal::Signal;
 use serde_json::{Value, json};
-
-/// The application process.
-struct App {
-    child: Child,
-    port: u16,
-    dir: PathBuf,
-}
-
-impl App {
-    /// Starts the test application on a free port (or `port`).
-    fn start(port: Option<u16>) -> App {
-        let dir = std::env::temp_dir().join(unique("callee"));
-        std::fs::create_dir_all(&dir).unwrap();
-        Self::start_in(dir, port)
-    }
-
-    fn start_in(dir: PathBuf, port: Option<u16>) -> App {
-        let port_file = dir.join("port");
-        let _ = std::fs::remove_file(&port_file);
-        let mut cmd = Command::new("python3");
-        cmd.arg(repo().join("tests/apps/callee.py"))
-            .arg("--port-file")
-            .arg(&port_file)
-            .arg("--seen")
-            .arg(dir.join("seen"));
-        if let Some(p) = port {
-            cmd.args(["--port", &p.to_string()]);
-        }
-        let child = cmd.spawn().expect("python3 runs the test application");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let port = loop {
-            if let Ok(p) = std::fs::read_to_string(&port_file) {
-                break p.trim().parse().unwrap();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the test application did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        App { child, port, dir }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/process", self.port)
-    }
-
-    /// Changes how it answers from now on.
-    fn set(&self, control: Value) {
-        let addr = format!("127.0.0.1:{}", self.port);
-        let (status, body) = post(&addr, "/control", &control.to_string()).expect("control");
-        assert_eq!(status, 200, "{body}");
-    }
-
-    fn kill9(&mut self) {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            Signal::SIGKILL,
-        )
-        .unwrap();
-        self.child.wait().unwrap();
-    }
-
-    /// Starts it again on the same port (after `kill9`).
-    fn restart(&mut self) {
-        *self = Self::start_in(self.dir.clone(), Some(self.port));
-    }
-
-    /// Lineages the application was sent, with repeats.
-    fn seen(&self) -> Vec<String> {
-        std::fs::read_to_string(self.dir.join("seen"))
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_string)
-            .collect()
-    }
-}
-
-impl Drop for App {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// What the example makes of `{"id", "n"}`.
 fn by_app(v: &Value) -> Vec<Value> {
@@ -222,6 +136,27 @@ fn twenty_thousand_records_through_the_python_example() {
         sample(&text, "exactly_calls_total", &[("outcome", "malformed")]),
         Some(0.0)
     );
+
+    // The audit: by lineage alone, then asking the (deterministic) application again.
+    let (code, report) = audit(&topics, &group, &app, false);
+    assert_eq!(
+        (code, &report["replayed"]),
+        (0, &json!(false)),
+        "{report:#}"
+    );
+    assert_eq!(
+        (report["outputs"].as_u64(), report["dlq"].as_u64()),
+        (Some(20_006), Some(30))
+    );
+    let (code, report) = audit(&topics, &group, &app, true);
+    assert_eq!((code, &report["replayed"]), (0, &json!(true)), "{report:#}");
+    assert_eq!(report["expected_outputs"], 20_006);
+    assert_eq!(report["expected_dlq"], 30);
+    // A different answer now is an anomaly the replay finds and lineage alone cannot.
+    app.set(json!({"mode": "wrong_value"}));
+    let (code, report) = audit(&topics, &group, &app, true);
+    assert_eq!(code, 1, "{report:#}");
+    assert!(report["unexpected"].as_u64().unwrap() > 0, "{report:#}");
 }
 
 #[test]

@@ -6,9 +6,10 @@
 //! at a steady rate and faults are injected. It passes when the audit finds 0 lost, 0
 //! duplicated, 0 unexpected, order held, and the group's lag is 0 with the last stable offset
 //! equal to the high watermark on every output partition within 60 s of the last fault. The
-//! storm adds hostile records: one in 500 with a timestamp ten days ahead, which the output
-//! topic (bounded to a day) rejects, so it must reach the DLQ as `rejected_by_broker`; one in
-//! 500 with a header name that is not UTF-8.
+//! call-out scenario (f-app) runs the same workload through an application that answers like
+//! the jq program, and kills the application. The storm adds hostile records: one in 500 with
+//! a timestamp ten days ahead, which the output topic (bounded to a day) rejects, so it must
+//! reach the DLQ as `rejected_by_broker`; one in 500 with a header name that is not UTF-8.
 //!
 //! Profiles (`EXACTLY_FAULT_PROFILE`): `reduced` (default, in CI: every fault kind at least
 //! once, about 3,000 records a scenario) and `full` (`scripts/faults.sh`: 100,000 records a
@@ -207,7 +208,9 @@ impl Run {
 
     fn start(&mut self, i: usize) {
         let mut args = base_args(&self.topics, &self.group, &format!("{}-{i}", self.name));
-        args.extend(["--jq".to_string(), PROGRAM.to_string()]);
+        if !self.extra.iter().any(|a| a == "--call-url") {
+            args.extend(["--jq".to_string(), PROGRAM.to_string()]);
+        }
         if !self.extra.iter().any(|a| a == "--transaction-timeout") {
             // Short, so a killed instance's open transaction is aborted soon.
             args.extend(["--transaction-timeout".to_string(), "10s".to_string()]);
@@ -619,6 +622,31 @@ fn broker_kill_and_restart() {
         broker_restart(&mut run);
     }
     assert!(!run.faults.is_empty());
+    run.finish();
+}
+
+/// The call-out's application (answering like PROGRAM, so the audit replays it with jq)
+/// killed -9 and restarted on its port: exactly stays up, backs off while it is down, and
+/// catches up.
+#[test]
+fn application_killed() {
+    let _s = serial();
+    let mut app = App::answering("faults", None);
+    let url = app.url();
+    let mut run = Run::new("f-app", 1, &["--call-url", &url, "--call-timeout", "2s"]);
+    for _ in 0..run.profile.kills {
+        if !run.after_more_progress(0.05) {
+            break;
+        }
+        run.fault("application kill -9", |_| {
+            app.kill9();
+            std::thread::sleep(Duration::from_millis(rand::rng().random_range(200..1500)));
+            app.restart();
+        });
+    }
+    assert!(!run.faults.is_empty(), "no kill landed mid-stream");
+    let unavailable = run.events("transform unavailable; aborting, rewinding and backing off");
+    assert!(unavailable > 0, "the kills were never noticed");
     run.finish();
 }
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """The call-out tests' application: examples/call/app.py with switches to misbehave.
 
-    callee.py --port-file PATH [--seen PATH]
+    callee.py --port-file PATH [--seen PATH] [--answers example|faults]
 
 Listens on a free loopback port (written to --port-file once listening) and answers like the
-example. `POST /control` with {"delay_ms": N, "mode": M} changes how it answers from then on:
+example, or (--answers faults) like the fault suite's jq program, output for output and byte
+for byte (compact JSON), so the suite's audit replays it with jq. `POST /control` with {"delay_ms": N, "mode": M} changes how it answers from then on:
 mode "ok" (the example's answers), "garbage" (a body that is not JSON), "wrong_count" (one
 result too few), "status_500", "wrong_value" (every output's value replaced). --seen appends
 the lineage of every record it is sent, one per line, so a test can count what the
@@ -22,6 +23,23 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples
 import app  # noqa: E402
 
 state = {"delay_ms": 0, "mode": "ok"}
+
+
+def faults_answer(record):
+    """tests/faults.rs's PROGRAM: `if .fan then ({seq, v: (.n + 1)}, {seq, v: (.n + 1), copy:
+    true}) else {seq, v: (.n + 1)} end`; what jq fails on is rejected."""
+    value = record["value"]
+    if record["value_encoding"] != "json" or not isinstance(value, dict):
+        return {"reject": "not a JSON object"}
+    n = value.get("n")
+    if not isinstance(n, int) or isinstance(n, bool):
+        return {"reject": "n is not a number"}
+    out = {"seq": value.get("seq"), "v": n + 1}
+    outs = [out, {**out, "copy": True}] if value.get("fan") else [out]
+    return {"outputs": [{"value": o} for o in outs]}
+
+
+ANSWERS = {"example": app.answer, "faults": faults_answer}
 seen_lock = threading.Lock()
 
 
@@ -41,7 +59,8 @@ class Handler(app.Handler):
             return self.raw(200, b"this is not an answer")
         if mode == "status_500":
             return self.raw(500, b"internal error")
-        out = app.answers(body)
+        records = json.loads(body)["records"]
+        out = {"results": [self.server.answer(r) for r in records]}
         if mode == "wrong_count":
             out["results"] = out["results"][:-1]
         if mode == "wrong_value":
@@ -51,8 +70,13 @@ class Handler(app.Handler):
                     o["value"] = "changed"
         self.reply(200, out)
 
-    def raw(self, status, data):
+    def reply(self, status, payload):
+        # Compact, as jq writes: exactly writes an output's value as the text it gets.
+        self.raw(status, json.dumps(payload, separators=(",", ":")).encode(), "application/json")
+
+    def raw(self, status, data, content_type="text/plain"):
         self.send_response(status)
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -65,10 +89,12 @@ def main():
     ap.add_argument("--seen")
     ap.add_argument("--delay-ms", type=int, default=0)
     ap.add_argument("--mode", default="ok")
+    ap.add_argument("--answers", choices=sorted(ANSWERS), default="example")
     a = ap.parse_args()
     state.update(delay_ms=a.delay_ms, mode=a.mode)
     server = app.ThreadingHTTPServer(("127.0.0.1", a.port), Handler)
     server.seen = a.seen
+    server.answer = ANSWERS[a.answers]
     tmp = a.port_file + ".tmp"
     with open(tmp, "w") as f:
         f.write(str(server.server_port))

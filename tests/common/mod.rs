@@ -10,6 +10,7 @@
 //!   outputs a test expects, and the product's header names.
 //! - `process`: running the `exactly` binary (start, signals, log, HTTP address, `audit`),
 //!   logged partition assignments, and the external checkers the tests call.
+//! - `app`: the call-out's application process (Python), with switches to misbehave.
 //! - `http`: a running exactly's endpoints: GET, and metric samples out of `/metrics`.
 //! - `checks`: assertions and waits: committed offsets, settled transactions, the exactly-once
 //!   check, and the metric families exactly exports.
@@ -18,6 +19,7 @@
 
 #![allow(dead_code)]
 
+mod app;
 mod broker;
 mod checks;
 mod data;
@@ -25,6 +27,8 @@ mod http;
 mod process;
 
 // Each test crate uses only some of the helpers: a re-export it does not use is no warning.
+#[allow(unused_imports)]
+pub use app::*;
 #[allow(unused_imports)]
 pub use broker::*;
 #[allow(unused_imports)]
