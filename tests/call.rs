@@ -360,3 +360,64 @@ fn the_node_example_gives_the_same_outputs() {
         2_000
     );
 }
+
+#[test]
+fn a_rebalance_with_calls_in_flight_loses_and_duplicates_nothing() {
+    let topics = Topics::create("call-rebalance", 6, 3);
+    let group = unique("call-rebalance-g");
+    produce(&topics.input, &numbered(1_200, 6));
+    let app = App::start(None);
+    // Slow answers: calls for the partitions that move are still out when their new owner
+    // starts reading them, and must not be applied by the old one.
+    app.set(json!({"delay_ms": 1_500}));
+    let extra = ["--call-batch-records", "20", "--call-in-flight", "4"];
+    let mut args = call_args(&topics, &group, &app, &extra);
+    let mut first = Exactly::start(&args);
+    wait_committed_at_least(&group, &topics.input, 100, Duration::from_secs(120));
+    let i = args.iter().position(|a| a == "--instance-id").unwrap();
+    args[i + 1] = format!("{group}-1");
+    let mut second = Exactly::start(&args);
+    wait_all_committed(&group, &topics.input, Duration::from_secs(180));
+    first.stop_cleanly();
+    second.stop_cleanly();
+    assert!(
+        !first
+            .events("partitions revoked; committing first")
+            .is_empty(),
+        "no partition moved"
+    );
+    let outputs = read_all(&topics.output, "read_committed");
+    assert_eq!(
+        assert_exactly_once(&outputs, &expected_outputs(&topics.input, by_app)),
+        1_200
+    );
+    assert_eq!(committed(&group, &topics.input), end_offsets(&topics.input));
+}
+
+#[test]
+fn sigterm_with_calls_in_flight_commits_what_was_answered_and_exits_0() {
+    let topics = Topics::create("call-term", 3, 3);
+    let group = unique("call-term-g");
+    produce(&topics.input, &numbered(4_000, 3));
+    let app = App::start(None);
+    app.set(json!({"delay_ms": 200}));
+    let args = call_args(&topics, &group, &app, &["--call-batch-records", "100"]);
+    let mut ex = Exactly::start(&args);
+    wait_committed_at_least(&group, &topics.input, 500, Duration::from_secs(120));
+    wait_metrics(&ex, "calls in flight", Duration::from_secs(30), |m| {
+        metric(m, "exactly_calls_in_flight", &[]) >= 1.0
+    });
+    // Exit 0 within the grace, with the answered records committed (none of the unanswered).
+    ex.stop_cleanly();
+    let committed_at_stop = committed_total(&group, &topics.input);
+    assert!(committed_at_stop >= 500, "{committed_at_stop}");
+    app.set(json!({"delay_ms": 0}));
+    let mut ex = Exactly::start(&args);
+    wait_all_committed(&group, &topics.input, Duration::from_secs(120));
+    ex.stop_cleanly();
+    let outputs = read_all(&topics.output, "read_committed");
+    assert_eq!(
+        assert_exactly_once(&outputs, &expected_outputs(&topics.input, by_app)),
+        4_000
+    );
+}

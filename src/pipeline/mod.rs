@@ -338,7 +338,7 @@ impl Pipeline<'_> {
     /// The call-out's turn: sends the open batch when it is due (`flush`: whatever it holds),
     /// and applies every answer that is back, oldest call first; waits up to `wait` for the
     /// oldest (or for the back-off to pass, when no call is out).
-    fn pump(&mut self, mut wait: Duration, flush: bool) -> Result<(), Interrupt> {
+    fn pump(&mut self, mut wait: Duration, flush: bool) -> Result<(), Error> {
         loop {
             let (Some(stage), Some(call)) = (&mut self.stage, self.transform.as_call()) else {
                 return Ok(());
@@ -359,7 +359,7 @@ impl Pipeline<'_> {
 
     /// Applies one call's answers, record by record, as the transform's outputs; a failed call
     /// makes the application unavailable.
-    fn apply(&mut self, answered: Answered) -> Result<(), Interrupt> {
+    fn apply(&mut self, answered: Answered) -> Result<(), Error> {
         let Answered { records, called } = answered;
         let outcome = called.answers.as_ref().err().map_or("ok", |e| e.outcome());
         CallAnswered {
@@ -401,10 +401,11 @@ impl Pipeline<'_> {
         Ok(())
     }
 
-    /// A call failed: the application is unavailable. Abort, rewind (this call's `records`;
-    /// the rewind takes everything staged after them too), report not ready, and call again
-    /// only after a back-off.
-    fn call_failed(&mut self, why: &str, records: &[stage::Staged]) -> Result<(), Interrupt> {
+    /// A call failed: the application is unavailable. Commit what the earlier answers put in
+    /// the open transaction (none of this call's records is in it), rewind (this call's
+    /// `records`; the rewind takes everything staged after them too), report not ready, and
+    /// call again only after a back-off.
+    fn call_failed(&mut self, why: &str, records: &[stage::Staged]) -> Result<(), Error> {
         let pause = self.stage.as_mut().map_or(Duration::ZERO, Stage::failed);
         TransformUnavailable {
             why: &format!("{why}; calling again in {pause:?}"),
@@ -413,35 +414,30 @@ impl Pipeline<'_> {
         self.unavailable = true;
         self.health.set_ready(false);
         let mut driver = self.consumer.context().driver();
-        driver.abort(AbortReason::TransformUnavailable)?;
+        if let Outcome::Committed { records } = driver.commit(self.consumer)? {
+            events::committed(records, Occasion::Bound);
+        }
         driver.rewind_from(&stage::firsts(records.iter()));
         Ok(())
     }
 
-    /// Commits what is open, within the shutdown grace (the call-out's staged records first,
-    /// as far as their answers come back in time).
+    /// Commits what is open, within the shutdown grace. The call-out's staged records first,
+    /// as far as their answers come back within half of it: the rest is the commit's (what
+    /// stays staged is read again next time).
     fn finish(&mut self, shutdown: &CancellationToken) -> Result<(), Error> {
         debug_assert!(shutdown.is_cancelled());
-        let deadline = Instant::now() + self.config.shutdown_grace.saturating_sub(MAX_POLL * 10);
+        let now = Instant::now();
+        let deadline = now + self.config.shutdown_grace.saturating_sub(MAX_POLL * 10);
+        self.consumer.context().driver().set_deadline(deadline);
+        let answers_by = now + deadline.saturating_duration_since(now) / 2;
         while self.stage.as_ref().is_some_and(|s| !s.is_empty())
-            && Instant::now() < deadline
+            && Instant::now() < answers_by
             && !self.consumer.context().driver().rewind_pending()
         {
             self.health.beat();
-            match self.pump(MAX_POLL, true) {
-                Ok(()) => {}
-                Err(Interrupt::Fail(e)) => return Err(e),
-                // The consumer is finished: what is open cannot commit.
-                Err(Interrupt::ReplaceConsumer(source)) => {
-                    return Err(Error::Unrecoverable {
-                        context: "consumer fenced while shutting down".into(),
-                        source,
-                    });
-                }
-            }
+            self.pump(MAX_POLL, true)?;
         }
         let mut driver = self.consumer.context().driver();
-        driver.set_deadline(deadline);
         match driver.commit(self.consumer)? {
             Outcome::Committed { records } => events::committed(records, Occasion::Shutdown),
             Outcome::Aborted => {

@@ -440,7 +440,10 @@ pub fn decode(body: &[u8], lineages: &[String]) -> Result<Vec<Answer>, String> {
                 (Some(_), Some(o)) if !o.is_empty() => Err(format!(
                     "result {i} ({lineage}) has both outputs and a rejection"
                 )),
-                (Some(message), _) => Ok(Answer::Rejected(message)),
+                (Some(None), _) => Err(format!(
+                    "result {i} ({lineage}): reject must be a message, not null"
+                )),
+                (Some(Some(message)), _) => Ok(Answer::Rejected(message)),
                 (None, outputs) => outputs
                     .unwrap_or_default()
                     .into_iter()
@@ -468,8 +471,9 @@ struct ResultJson {
     lineage: Option<String>,
     #[serde(default)]
     outputs: Option<Vec<OutputJson>>,
-    #[serde(default)]
-    reject: Option<String>,
+    /// Present (null included) or absent: a null rejection is a mistake, not zero outputs.
+    #[serde(default, deserialize_with = "present")]
+    reject: Option<Option<String>>,
 }
 
 #[derive(Deserialize)]
@@ -687,6 +691,7 @@ mod tests {
                 "both outputs and a rejection",
             ),
             (br#"{"results": [{"output": []}]}"#, 1, "unknown field"),
+            (br#"{"results": [{"reject": null}]}"#, 1, "not null"),
         ] {
             let e = decode(body, &lineages(n)).unwrap_err();
             assert!(e.contains(why), "{}: {e}", String::from_utf8_lossy(body));
