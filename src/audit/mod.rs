@@ -15,72 +15,9 @@ use serde::Serialize;
 
 use crate::config::OnError;
 use crate::headers::{self, LINEAGE};
-use crate::kafka::raw_headers;
 use crate::records;
+pub use crate::transform::OwnedRecord as Rec;
 use crate::transform::{Failure, InputRecord, Transform};
-
-/// One record as read.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Rec {
-    /// Topic.
-    pub topic: String,
-    /// Partition.
-    pub partition: i32,
-    /// Offset.
-    pub offset: i64,
-    /// Timestamp (ms).
-    pub timestamp: Option<i64>,
-    /// Key.
-    pub key: Option<Vec<u8>>,
-    /// Value.
-    pub value: Option<Vec<u8>>,
-    /// Headers in order, names as bytes.
-    pub headers: Vec<(Vec<u8>, Option<Vec<u8>>)>,
-}
-
-impl Rec {
-    /// Copies a consumed message.
-    pub fn from_message(m: &rdkafka::message::BorrowedMessage<'_>) -> Rec {
-        use rdkafka::Message;
-        Rec {
-            topic: m.topic().to_string(),
-            partition: m.partition(),
-            offset: m.offset(),
-            timestamp: m.timestamp().to_millis(),
-            key: m.key().map(<[u8]>::to_vec),
-            value: m.payload().map(<[u8]>::to_vec),
-            headers: raw_headers::of(m)
-                .into_iter()
-                .map(|(n, v)| (n.to_vec(), v.map(<[u8]>::to_vec)))
-                .collect(),
-        }
-    }
-
-    /// The last value of header `name`.
-    pub fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers
-            .iter()
-            .rev()
-            .find(|(k, _)| k == name.as_bytes())
-            .and_then(|(_, v)| v.as_deref())
-    }
-
-    fn as_input(&self) -> InputRecord<'_> {
-        InputRecord {
-            topic: &self.topic,
-            partition: self.partition,
-            offset: self.offset,
-            timestamp: self.timestamp,
-            key: self.key.as_deref(),
-            value: self.value.as_deref(),
-            headers: self
-                .headers
-                .iter()
-                .map(|(k, v)| (k.as_slice(), v.as_deref()))
-                .collect(),
-        }
-    }
-}
 
 /// High watermark and last stable offset of one partition, at the start and end of the audit.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

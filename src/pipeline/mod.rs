@@ -380,10 +380,10 @@ impl Pipeline<'_> {
             .zip(answers)
             .filter(|(r, _)| !r.dropped)
             .peekable();
-        while let Some((record, answer)) =
+        while let Some((staged, answer)) =
             left.next_if(|_| !self.consumer.context().driver().rewind_pending())
         {
-            let input = record.input();
+            let input = staged.record.as_input();
             if let Some(call) = self.transform.as_call() {
                 call.prepare(&input, answer);
             }
@@ -391,9 +391,8 @@ impl Pipeline<'_> {
         }
         let mut driver = self.consumer.context().driver();
         // An abort on the way: the rest of this call's records come again with the rewind.
-        for (record, _) in left {
-            let input = record.input();
-            driver.rewind_also(input.topic, input.partition, input.offset);
+        for (s, _) in left {
+            driver.rewind_also(&s.record.topic, s.record.partition, s.record.offset);
         }
         if let Some(stage) = &self.stage {
             driver.set_staged(stage.firsts());

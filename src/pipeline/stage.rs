@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::CallSpec;
 use crate::transform::call::{Call, Called, InFlight};
-use crate::transform::{InputRecord, Tp};
+use crate::transform::{InputRecord, OwnedRecord, Tp};
 
 /// Longest pause after calls failed in a row.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -39,55 +39,9 @@ struct Flight {
 
 /// A record copied out of the consumer's buffer, to be applied when its batch is answered.
 pub(super) struct Staged {
-    topic: String,
-    partition: i32,
-    offset: i64,
-    timestamp: Option<i64>,
-    key: Option<Vec<u8>>,
-    value: Option<Vec<u8>>,
-    headers: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    pub record: OwnedRecord,
     /// Its partition was revoked while it waited: not applied.
     pub dropped: bool,
-}
-
-impl Staged {
-    fn of(input: &InputRecord<'_>) -> Staged {
-        Staged {
-            topic: input.topic.to_string(),
-            partition: input.partition,
-            offset: input.offset,
-            timestamp: input.timestamp,
-            key: input.key.map(<[u8]>::to_vec),
-            value: input.value.map(<[u8]>::to_vec),
-            headers: input
-                .headers
-                .iter()
-                .map(|(n, v)| (n.to_vec(), v.map(<[u8]>::to_vec)))
-                .collect(),
-            dropped: false,
-        }
-    }
-
-    /// The record, borrowed as the transform and the sink take it.
-    pub fn input(&self) -> InputRecord<'_> {
-        InputRecord {
-            topic: &self.topic,
-            partition: self.partition,
-            offset: self.offset,
-            timestamp: self.timestamp,
-            key: self.key.as_deref(),
-            value: self.value.as_deref(),
-            headers: self
-                .headers
-                .iter()
-                .map(|(n, v)| (n.as_slice(), v.as_deref()))
-                .collect(),
-        }
-    }
-
-    fn bytes(&self) -> usize {
-        self.key.as_ref().map_or(0, Vec::len) + self.value.as_ref().map_or(0, Vec::len)
-    }
 }
 
 /// A call that came back, with the records it was for.
@@ -114,9 +68,12 @@ impl Stage {
         if self.open.is_empty() {
             self.opened = Instant::now();
         }
-        let s = Staged::of(input);
-        self.open_bytes += s.bytes();
-        self.open.push(s);
+        let record = OwnedRecord::of(input);
+        self.open_bytes += record.bytes();
+        self.open.push(Staged {
+            record,
+            dropped: false,
+        });
     }
 
     /// Nothing staged, nothing out.
@@ -158,7 +115,7 @@ impl Stage {
         }
         let records = std::mem::take(&mut self.open);
         self.open_bytes = 0;
-        let inputs: Vec<InputRecord<'_>> = records.iter().map(Staged::input).collect();
+        let inputs: Vec<InputRecord<'_>> = records.iter().map(|s| s.record.as_input()).collect();
         let call = call.submit(&inputs, self.spec.timeout);
         drop(inputs);
         self.flights.push_back(Flight { records, call });
@@ -222,7 +179,7 @@ impl Stage {
         let gone = |s: &Staged| {
             partitions
                 .iter()
-                .any(|(t, p)| *p == s.partition && *t == s.topic)
+                .any(|(t, p)| *p == s.record.partition && *t == s.record.topic)
         };
         for s in self.flights.iter_mut().flat_map(|f| f.records.iter_mut()) {
             if gone(s) {
@@ -230,7 +187,7 @@ impl Stage {
             }
         }
         self.open.retain(|s| !gone(s));
-        self.open_bytes = self.open.iter().map(Staged::bytes).sum();
+        self.open_bytes = self.open.iter().map(|s| s.record.bytes()).sum();
     }
 
     /// Drops everything (calls out are no longer waited for) and returns the first offset of
@@ -258,12 +215,12 @@ impl Stage {
 /// The first offset of each partition among `records`, in the order given.
 pub(super) fn firsts<'a>(records: impl Iterator<Item = &'a Staged>) -> Vec<(Tp, i64)> {
     let mut out: Vec<(Tp, i64)> = Vec::new();
-    for s in records.filter(|s| !s.dropped) {
+    for r in records.filter(|s| !s.dropped).map(|s| &s.record) {
         if !out
             .iter()
-            .any(|((t, p), _)| *p == s.partition && *t == s.topic)
+            .any(|((t, p), _)| *p == r.partition && *t == r.topic)
         {
-            out.push(((s.topic.clone(), s.partition), s.offset));
+            out.push(((r.topic.clone(), r.partition), r.offset));
         }
     }
     out
@@ -303,10 +260,10 @@ mod tests {
     }
 
     #[test]
-    fn a_staged_copy_reads_back_as_the_record() {
+    fn a_copy_reads_back_as_the_record() {
         let r = record(1, 5);
-        let s = Staged::of(&r);
-        let back = s.input();
+        let s = OwnedRecord::of(&r);
+        let back = s.as_input();
         assert_eq!((back.topic, back.partition, back.offset), ("in", 1, 5));
         assert_eq!((back.key, back.value), (r.key, r.value));
         assert_eq!(back.headers, r.headers);

@@ -137,6 +137,90 @@ pub struct InputRecord<'a> {
     pub headers: Vec<crate::kafka::raw_headers::Header<'a>>,
 }
 
+/// A record copied out of the consumer's buffer: what the call-out stages while its batch is
+/// out, and what the audit reads (`audit::Rec`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OwnedRecord {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// Timestamp (ms).
+    pub timestamp: Option<i64>,
+    /// Key.
+    pub key: Option<Vec<u8>>,
+    /// Value.
+    pub value: Option<Vec<u8>>,
+    /// Headers in order, names as bytes.
+    pub headers: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+impl OwnedRecord {
+    /// Copies a consumed message.
+    pub fn from_message(m: &rdkafka::message::BorrowedMessage<'_>) -> OwnedRecord {
+        use rdkafka::Message;
+        OwnedRecord::of(&InputRecord {
+            topic: m.topic(),
+            partition: m.partition(),
+            offset: m.offset(),
+            timestamp: m.timestamp().to_millis(),
+            key: m.key(),
+            value: m.payload(),
+            headers: crate::kafka::raw_headers::of(m),
+        })
+    }
+
+    /// Copies a borrowed record.
+    pub fn of(input: &InputRecord<'_>) -> OwnedRecord {
+        OwnedRecord {
+            topic: input.topic.to_string(),
+            partition: input.partition,
+            offset: input.offset,
+            timestamp: input.timestamp,
+            key: input.key.map(<[u8]>::to_vec),
+            value: input.value.map(<[u8]>::to_vec),
+            headers: input
+                .headers
+                .iter()
+                .map(|(n, v)| (n.to_vec(), v.map(<[u8]>::to_vec)))
+                .collect(),
+        }
+    }
+
+    /// The last value of header `name`.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name.as_bytes())
+            .and_then(|(_, v)| v.as_deref())
+    }
+
+    /// The record, borrowed as the transform and the sink take it.
+    pub fn as_input(&self) -> InputRecord<'_> {
+        InputRecord {
+            topic: &self.topic,
+            partition: self.partition,
+            offset: self.offset,
+            timestamp: self.timestamp,
+            key: self.key.as_deref(),
+            value: self.value.as_deref(),
+            headers: self
+                .headers
+                .iter()
+                .map(|(k, v)| (k.as_slice(), v.as_deref()))
+                .collect(),
+        }
+    }
+
+    /// Key and value bytes.
+    pub fn bytes(&self) -> usize {
+        self.key.as_ref().map_or(0, Vec::len) + self.value.as_ref().map_or(0, Vec::len)
+    }
+}
+
 /// Headers of an output record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum OutputHeaders {
