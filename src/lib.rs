@@ -16,7 +16,9 @@
 //!   **transformed** in `Pipeline::process`, **written** through [`sink::Driver::send`], and
 //!   **committed** with its offsets by [`sink::Driver::commit`]. [`pipeline::context`] is the
 //!   consumer's rebalance callback, which commits or aborts before partitions move; the rewind
-//!   after an abort is there too.
+//!   after an abort is there too. With the call-out, records wait in the stage
+//!   (`pipeline/stage.rs`) until the application's answer for their batch is back, and are
+//!   then applied in the order they were read.
 //! - [`sink`]: where outputs go and how they become durable with the offsets: the [`sink::Sink`]
 //!   seam (begin, send, commit with offsets, abort, what the group committed), one file per
 //!   guarantee ([`sink::exactly_once`]: transactions; [`sink::at_least_once`]: delivery-confirmed
@@ -24,8 +26,9 @@
 //!   pending rewind, back-off, and [`sink::rejected`], the records the broker rejects for what
 //!   they are.
 //! - [`transform`]: the [`transform::Transform`] lifecycle (apply, partitions assigned and
-//!   revoked; a bad record is not an unavailable transform), one file per kind: passthrough
-//!   and jq (jaq).
+//!   revoked; a bad record is not an unavailable transform), one file per kind: passthrough,
+//!   jq (jaq), and the call-out (`--call-url`: batches POSTed to the application next to
+//!   exactly, its answers written in the same transaction).
 //! - [`records`]: what goes out for one input (outputs with headers, or its DLQ copy), checked
 //!   against the producer's size limit; shared by the pipeline and the audit's replay.
 //! - [`headers`]: the lineage header on every output and the reason headers on DLQ records.
