@@ -10,8 +10,15 @@ if ! scripts/kafka.sh status; then
   scripts/kafka.sh start
   started=1
 fi
-stop() { if [ "$started" = 1 ]; then scripts/kafka.sh stop; fi; }
+# Redis and MariaDB for the offset stores (tests/offsets.rs), data under a temp dir.
+stores=$(mktemp -d "${TMPDIR:-/tmp}/exactly-stores.XXXXXX")
+stop() {
+  scripts/stores.sh stop "$stores" || true
+  rm -rf "$stores"
+  if [ "$started" = 1 ]; then scripts/kafka.sh stop; fi
+}
 trap stop EXIT
+eval "$(scripts/stores.sh start "$stores")"
 
 # promtool, prometheus, hadolint, docker compose (installed when missing).
 eval "$(scripts/tools.sh)"

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The offset stores the tests import from and export to: a real Redis and a real MariaDB on
+# 127.0.0.1 (free ports), their data under DIR, each with a password.
+#
+#   scripts/stores.sh start DIR    install redis-server and mariadb-server when missing (apt),
+#                                  start both, print `export` lines for the tests:
+#                                  EXACTLY_TEST_REDIS_URL, EXACTLY_TEST_MYSQL_URL and
+#                                  EXACTLY_TEST_STORE_PASSWORD
+#   scripts/stores.sh stop DIR     stop both
+set -euo pipefail
+cmd=${1:-}
+dir=${2:-}
+log() { echo "stores.sh: $*" >&2; }
+[ -n "$cmd" ] && [ -n "$dir" ] || { echo "usage: scripts/stores.sh start|stop DIR" >&2; exit 2; }
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+stop() {
+  if [ -f "$dir/redis.pid" ]; then kill "$(cat "$dir/redis.pid")" 2>/dev/null || true; fi
+  if [ -f "$dir/mariadb.pid" ]; then kill "$(cat "$dir/mariadb.pid")" 2>/dev/null || true; fi
+  for _ in $(seq 50); do
+    alive=0
+    for f in "$dir/redis.pid" "$dir/mariadb.pid"; do
+      if [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null; then alive=1; fi
+    done
+    [ "$alive" = 0 ] && break
+    sleep 0.2
+  done
+  rm -f "$dir/redis.pid" "$dir/mariadb.pid"
+}
+
+case "$cmd" in
+  stop) stop; exit 0 ;;
+  start) ;;
+  *) echo "usage: scripts/stores.sh start|stop DIR" >&2; exit 2 ;;
+esac
+
+missing=()
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v mariadbd >/dev/null || missing+=(mariadb-server)
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing ${missing[*]} (apt)"
+  sudo=()
+  [ "$(id -u)" = 0 ] || sudo=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update -q >&2
+  # The packages would start servers where an init system runs; the tests start their own.
+  "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+fi
+
+mkdir -p "$dir"
+password="exactly-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')"
+user=$(id -un)
+
+redis_port=$(free_port)
+redis-server --bind 127.0.0.1 --port "$redis_port" --dir "$dir" --save "" --appendonly no \
+  --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" \
+  --requirepass "$password" >&2
+
+mysql_port=$(free_port)
+rm -rf "$dir/mariadb"
+mariadb-install-db --no-defaults --datadir="$dir/mariadb" --user="$user" \
+  --auth-root-authentication-method=normal --skip-test-db >"$dir/mariadb-install.log" 2>&1
+mariadbd --no-defaults --datadir="$dir/mariadb" --user="$user" --bind-address=127.0.0.1 \
+  --port="$mysql_port" --socket="$dir/mariadb.sock" --pid-file="$dir/mariadb.pid" \
+  --skip-name-resolve --log-error="$dir/mariadb.log" >/dev/null 2>&1 &
+for _ in $(seq 100); do
+  mariadb-admin --no-defaults --socket="$dir/mariadb.sock" -uroot ping >/dev/null 2>&1 && break
+  sleep 0.2
+done
+mariadb-admin --no-defaults --socket="$dir/mariadb.sock" -uroot ping >/dev/null \
+  || { log "MariaDB did not start: $dir/mariadb.log"; tail -20 "$dir/mariadb.log" >&2; exit 1; }
+# The recipe's table, and a user with a password that may use it from 127.0.0.1.
+mariadb --no-defaults --socket="$dir/mariadb.sock" -uroot <<SQL
+CREATE DATABASE offsets;
+CREATE TABLE offsets.kafka_offset (
+  group_id VARCHAR(255) NOT NULL, topic VARCHAR(255) NOT NULL, partition_id INT NOT NULL,
+  fromOffset BIGINT NOT NULL, untilOffset BIGINT NOT NULL,
+  PRIMARY KEY (group_id, topic, partition_id));
+CREATE USER 'exactly'@'127.0.0.1' IDENTIFIED BY '$password';
+GRANT ALL ON offsets.* TO 'exactly'@'127.0.0.1';
+SQL
+log "Redis on 127.0.0.1:$redis_port, MariaDB on 127.0.0.1:$mysql_port (data in $dir)"
+echo "export EXACTLY_TEST_REDIS_URL=redis://127.0.0.1:$redis_port/0"
+echo "export EXACTLY_TEST_MYSQL_URL=mysql://exactly@127.0.0.1:$mysql_port/offsets"
+echo "export EXACTLY_TEST_MYSQL_SOCKET=$dir/mariadb.sock"
+echo "export EXACTLY_TEST_STORE_PASSWORD=$password"
