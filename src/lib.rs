@@ -43,8 +43,9 @@
 //!   `/readyz`; [`health`]: heartbeat of the loop and the watchdog that reports a stuck call;
 //!   [`lag`]: lag and unstable records against the last stable offset.
 //! - [`telemetry`]: logging (text or JSON).
-//! - [`offsets`]: where a group's offsets can be read from, one file per store (the Kafka
-//!   group today; the audit reads the group's committed offsets through it).
+//! - [`offsets`]: where a group's offsets are kept, one file per store (the Kafka group,
+//!   Redis, MySQL, files), and `exactly offsets show|import|export`, which moves a position
+//!   between them; the audit reads the group's committed offsets through it.
 //! - [`audit`]: `exactly audit`, which replays the transform over a range of the input and
 //!   matches every output to its input (lost, duplicated, unexpected, order, hanging
 //!   transactions).

@@ -20,6 +20,7 @@ fn main() -> ExitCode {
     let args = match cli.command {
         Command::Run(args) => args,
         Command::Audit(args) => end(audit(*args)),
+        Command::Offsets(args) => end(offsets(*args)),
     };
     exactly::telemetry::init(args.log_format, &args.log_level);
     let config = match args.validate() {
@@ -136,6 +137,36 @@ fn audit(args: exactly::config::AuditArgs) -> u8 {
                 Error::Config(_) | Error::Jq(_) => 2,
                 _ => 3,
             }
+        }
+    }
+}
+
+/// `exactly offsets`: 0 done, 2 bad options or a validation error, 3 could not complete.
+fn offsets(args: exactly::config::offsets::OffsetsArgs) -> u8 {
+    use exactly::config::offsets::OffsetsCommand;
+    use exactly::offsets::{migrate, open};
+    exactly::telemetry::init(exactly::config::LogFormat::Text, "warn");
+    let result = (|| match args.command {
+        OffsetsCommand::Show(a) => migrate::show(&a.group.target()?),
+        OffsetsCommand::Import(a) => {
+            let target = a.group.target()?;
+            let store = open(&a.from, &a.store.options(&target)?)?;
+            migrate::import(&target, store.as_ref(), a.missing, a.clamp, a.dry_run)
+        }
+        OffsetsCommand::Export(a) => {
+            let target = a.group.target()?;
+            let store = open(&a.to, &a.store.options(&target)?)?;
+            migrate::export(&target, store.as_ref(), a.dry_run)
+        }
+    })();
+    match result {
+        Ok(text) => {
+            print!("{text}");
+            0
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            if matches!(e, Error::Config(_)) { 2 } else { 3 }
         }
     }
 }

@@ -23,6 +23,16 @@ fn configuration_doc_matches_audit_help() {
 }
 
 #[test]
+fn configuration_doc_matches_offsets_help() {
+    for sub in ["show", "import", "export"] {
+        check_options(
+            &format!("offsets {sub}"),
+            &format!("## exactly offsets {sub}"),
+        );
+    }
+}
+
+#[test]
 fn metrics_doc_matches_the_registry() {
     let metrics = Metrics::new();
     let code: BTreeMap<&str, &Family> = metrics
@@ -132,7 +142,8 @@ fn same_names<'a>(
 /// The output of `exactly <subcommand> --help`, uncoloured.
 fn help_text(subcommand: &str) -> String {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_exactly"));
-    cmd.args([subcommand, "--help"])
+    cmd.args(subcommand.split(' '))
+        .arg("--help")
         .env("NO_COLOR", "1")
         .env_remove("CLICOLOR_FORCE");
     // A variable that is set shows its value in `[env: NAME=value]`.

@@ -115,7 +115,8 @@ pub fn collect(plan: &Plan) -> Result<History, Error> {
         None => None,
         Some(g) => {
             let partitions: Vec<(String, i32)> = range.keys().cloned().collect();
-            let store = offsets::open("kafka:", &plan.kafka, plan.timeout)?;
+            let options = offsets::StoreOptions::kafka(&plan.kafka, plan.timeout);
+            let store = offsets::open("kafka:", &options)?;
             Some(store.read(g, &partitions)?)
         }
     };

@@ -10,6 +10,7 @@
 //! - here: the command line itself and the parsing both subcommands share.
 
 pub mod audit;
+pub mod offsets;
 pub mod run;
 pub mod transform;
 
@@ -45,6 +46,10 @@ pub enum Command {
     /// input and match every output and DLQ record to its input. Exit 0: clean; 1: anomalies;
     /// 2: bad options; 3: the audit could not complete.
     Audit(Box<AuditArgs>),
+    /// A group's offsets: show them, import them from the stores other jobs kept by hand
+    /// (Redis, MySQL, files), export them back. Exit 0: done; 2: bad options or a validation
+    /// error; 3: could not complete.
+    Offsets(Box<offsets::OffsetsArgs>),
 }
 
 /// Log line format.

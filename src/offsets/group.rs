@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use super::{OffsetStore, Offsets};
@@ -23,13 +23,19 @@ impl GroupStore {
     }
 }
 
-impl OffsetStore for GroupStore {
-    fn read(&self, group: &str, partitions: &[(String, i32)]) -> Result<Offsets, Error> {
-        let consumer: BaseConsumer = self
-            .kafka
+impl GroupStore {
+    /// A client of `group` that is not a member of it.
+    fn client(&self, group: &str) -> Result<BaseConsumer, Error> {
+        self.kafka
             .to_rdkafka(Role::GroupOffsets { group })
             .create()
-            .map_err(|e| Error::Config(format!("--consumer-config: {e}")))?;
+            .map_err(|e| Error::Config(format!("--consumer-config: {e}")))
+    }
+}
+
+impl OffsetStore for GroupStore {
+    fn read(&self, group: &str, partitions: &[(String, i32)]) -> Result<Offsets, Error> {
+        let consumer = self.client(group)?;
         let mut tpl = TopicPartitionList::new();
         for (t, p) in partitions {
             tpl.add_partition(t, *p);
@@ -48,5 +54,25 @@ impl OffsetStore for GroupStore {
                 _ => None,
             })
             .collect())
+    }
+
+    /// Commits `offsets` as the group's, from outside it: the coordinator refuses this while
+    /// the group has members (a running job), which `migrate` checks first to say so clearly.
+    fn write(&self, group: &str, offsets: &Offsets) -> Result<(), Error> {
+        let consumer = self.client(group)?;
+        let mut tpl = TopicPartitionList::new();
+        for ((t, p), o) in offsets {
+            tpl.add_partition_offset(t, *p, Offset::Offset(*o))
+                .map_err(|source| Error::Unrecoverable {
+                    context: format!("offset {o} of {t}[{p}]"),
+                    source,
+                })?;
+        }
+        consumer
+            .commit(&tpl, CommitMode::Sync)
+            .map_err(|source| Error::Unrecoverable {
+                context: format!("committing the offsets of group {group}"),
+                source,
+            })
     }
 }

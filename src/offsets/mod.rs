@@ -1,18 +1,27 @@
-//! Where a consumer group's offsets can be read from: an [`OffsetStore`].
+//! Where a consumer group's offsets are kept: an [`OffsetStore`].
 //!
 //! The pipeline itself keeps its offsets in the group, inside each transaction (the sink's
 //! business). Stores are for the tools around it: the audit reads the group's committed
-//! offsets to tell judged inputs from pending ones, and a migration reads the offsets another
-//! job kept by hand. One file per store; [`open`] is where a store is registered.
+//! offsets to tell judged inputs from pending ones, and `exactly offsets import|export` moves a
+//! position between the group and the stores other jobs kept by hand. One file per store;
+//! [`open`] is where a store is registered; [`migrate`] is the commands.
 //!
-//! - [`group`]: the Kafka consumer group (`kafka:`), the only store today.
+//! - [`group`]: the Kafka consumer group (`kafka:`).
+//! - [`redis`]: a hash per topic, fields partition → next offset (`redis://host:port/db`).
+//! - [`mysql`]: the `kafka_offset` table of the Spark recipes (`mysql://user@host:port/db`).
+//! - [`file`]: JSON or CSV of topic, partition, offset (`file://PATH`; a directory: its last
+//!   file by name).
 
+pub mod file;
 pub mod group;
+pub mod migrate;
+pub mod mysql;
+pub mod redis;
 
 use std::collections::BTreeMap;
 
+pub use crate::config::offsets::StoreOptions;
 use crate::error::Error;
-use crate::kafka::Settings;
 
 /// The next offset to read, per (topic, partition).
 pub type Offsets = BTreeMap<(String, i32), i64>;
@@ -21,18 +30,95 @@ pub type Offsets = BTreeMap<(String, i32), i64>;
 pub trait OffsetStore {
     /// What the store holds for `group` in `partitions` (those with no offset are left out).
     fn read(&self, group: &str, partitions: &[(String, i32)]) -> Result<Offsets, Error>;
+
+    /// Keeps `offsets` for `group`, replacing what the store held for those partitions.
+    fn write(&self, group: &str, offsets: &Offsets) -> Result<(), Error>;
 }
 
 /// The store at `url`: one arm per kind of store.
-pub fn open(
-    url: &str,
-    kafka: &Settings,
-    timeout: std::time::Duration,
-) -> Result<Box<dyn OffsetStore>, Error> {
-    match url.split_once(':').map(|(scheme, _)| scheme) {
-        Some("kafka") => Ok(Box::new(group::GroupStore::new(kafka.clone(), timeout))),
-        _ => Err(Error::Config(format!(
-            "'{url}' is not an offset store this build knows (kafka:)"
-        ))),
+pub fn open(url: &str, options: &StoreOptions) -> Result<Box<dyn OffsetStore>, Error> {
+    let scheme = url.split_once(':').map(|(scheme, _)| scheme);
+    Ok(match scheme {
+        Some("kafka") => Box::new(group::GroupStore::new(
+            options.kafka.clone(),
+            options.timeout,
+        )),
+        Some("redis") => Box::new(redis::RedisStore::new(url, options)?),
+        Some("mysql") => Box::new(mysql::MysqlStore::new(url, options)?),
+        Some("file") => Box::new(file::FileStore::new(url)?),
+        _ => {
+            return Err(Error::Config(format!(
+                "'{url}' is not an offset store this build knows \
+                 (redis://, mysql://, file://, kafka:)"
+            )));
+        }
+    })
+}
+
+/// A URL for the command line or a log: any password in it replaced.
+pub fn redact(url: &str) -> String {
+    match (url.split_once("://"), url.rfind('@')) {
+        (Some((scheme, rest)), Some(at)) if at > scheme.len() => {
+            let userinfo = &rest[..at - scheme.len() - 3];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{scheme}://{user}:***{}", &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// Refuses a password written into the URL: it would show in `ps`, shell history and logs.
+fn no_password_in(url: &str, flag: &str) -> Result<(), Error> {
+    if redact(url) != url {
+        return Err(Error::Config(format!(
+            "{flag}: '{}' has a password in it; give it with --password-env or --password-file",
+            redact(url)
+        )));
+    }
+    Ok(())
+}
+
+/// A store's answer that is not a number where an offset or partition should be.
+fn bad_value(store: &str, what: &str, value: &str) -> Error {
+    Error::Startup(format!("{store}: {what} is '{value}', not a number"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::kafka::Settings;
+
+    #[test]
+    fn passwords_are_redacted_and_refused() {
+        assert_eq!(
+            redact("mysql://app:s3cret@db:3306/x"),
+            "mysql://app:***@db:3306/x"
+        );
+        assert_eq!(
+            redact("redis://:s3cret@127.0.0.1:6379/0"),
+            "redis://:***@127.0.0.1:6379/0"
+        );
+        assert_eq!(redact("mysql://app@db:3306/x"), "mysql://app@db:3306/x");
+        assert_eq!(redact("file:///tmp/a@b.json"), "file:///tmp/a@b.json");
+        let e = no_password_in("mysql://app:s3cret@db/x", "--from").unwrap_err();
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+        assert!(e.to_string().contains("--password-env"), "{e}");
+    }
+
+    #[test]
+    fn unknown_schemes_are_refused_by_name() {
+        let kafka = Settings {
+            bootstrap_servers: "127.0.0.1:9".into(),
+            client_id: "t".into(),
+            consumer: Vec::new(),
+            producer: Vec::new(),
+        };
+        let o = StoreOptions::kafka(&kafka, Duration::from_secs(1));
+        let e = open("ftp://x", &o).err().unwrap().to_string();
+        assert!(e.contains("ftp://x") && e.contains("redis://"), "{e}");
     }
 }

@@ -82,6 +82,14 @@ class Handler(app.Handler):
         self.wfile.write(data)
 
 
+class Server(app.ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        # exactly killed mid-call, or a call it gave up on: not the application's error.
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--port-file", required=True)
@@ -92,7 +100,7 @@ def main():
     ap.add_argument("--answers", choices=sorted(ANSWERS), default="example")
     a = ap.parse_args()
     state.update(delay_ms=a.delay_ms, mode=a.mode)
-    server = app.ThreadingHTTPServer(("127.0.0.1", a.port), Handler)
+    server = Server(("127.0.0.1", a.port), Handler)
     server.seen = a.seen
     server.answer = ANSWERS[a.answers]
     tmp = a.port_file + ".tmp"
