@@ -92,6 +92,12 @@ fn assert_starts_at(outputs: &BTreeMap<i32, Vec<i64>>, starts: &[(i32, i64)]) {
     }
 }
 
+/// Database 1, not the default 0: the password must be given before the database is chosen.
+fn redis_url() -> String {
+    let url = env("EXACTLY_TEST_REDIS_URL");
+    format!("{}/1", url.rsplit_once('/').unwrap().0)
+}
+
 fn redis_con() -> redis::Connection {
     let mut con = redis::Client::open(env("EXACTLY_TEST_REDIS_URL").as_str())
         .unwrap()
@@ -101,6 +107,7 @@ fn redis_con() -> redis::Connection {
         .arg(env(PASSWORD_VAR))
         .query::<()>(&mut con)
         .unwrap();
+    redis::cmd("SELECT").arg(1).query::<()>(&mut con).unwrap();
     con
 }
 
@@ -146,7 +153,7 @@ fn import_from_redis_then_run_starts_exactly_there() {
         .arg(100)
         .query::<()>(&mut redis_con())
         .unwrap();
-    let out = import(&topics, &group, &env("EXACTLY_TEST_REDIS_URL"), &[]);
+    let out = import(&topics, &group, &redis_url(), &[]);
     assert!(out.status.success(), "{}", said(&out));
     assert!(said(&out).contains("committed 3 offsets"), "{}", said(&out));
     assert_eq!(
@@ -159,7 +166,7 @@ fn import_from_redis_then_run_starts_exactly_there() {
     let b = bootstrap();
     let mut args = vec!["export"];
     args.extend(group_args(&topics, &group, &b));
-    let url = env("EXACTLY_TEST_REDIS_URL");
+    let url = redis_url();
     args.extend([
         "--to",
         &url,
@@ -204,9 +211,13 @@ fn import_from_mysql_then_run_starts_exactly_there() {
 
     // Export writes REPLACE INTO rows, which import reads back.
     let b = bootstrap();
+    // The password from a file this time.
+    let secret = std::env::temp_dir().join(unique("mysql-password"));
+    std::fs::write(&secret, format!("{}\n", env(PASSWORD_VAR))).unwrap();
+    let secret = secret.display().to_string();
     let mut args = vec!["export"];
     args.extend(group_args(&topics, &group, &b));
-    args.extend(["--to", &url, "--password-env", PASSWORD_VAR]);
+    args.extend(["--to", &url, "--password-file", &secret]);
     let out = offsets(&args);
     assert!(out.status.success(), "{}", said(&out));
     let rows = sql(&format!(
@@ -313,11 +324,27 @@ fn import_validates_before_it_writes() {
         &[],
         "line 1: partition 'zero'",
     );
-    // A password on the command line.
-    fail(
+    // A password on the command line: refused, and not repeated.
+    let out = import(
+        &topics,
+        &group,
         "mysql://exactly:secret@127.0.0.1:1/offsets",
         &[],
-        "--password-env or --password-file",
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    assert!(
+        said(&out).contains("--password-env or --password-file"),
+        "{}",
+        said(&out)
+    );
+    assert!(!said(&out).contains("secret"), "{}", said(&out));
+    // A store with nothing for the topic (a wrong key, table or group): refused even with
+    // --missing, which would otherwise move every partition.
+    let other = file("other.csv", "some-other-topic,0,5\n".to_string());
+    fail(
+        &other,
+        &["--missing", "latest"],
+        &format!("no offset of topic '{t}'"),
     );
 
     // --dry-run prints the plan and commits nothing.
@@ -348,6 +375,14 @@ fn import_validates_before_it_writes() {
     wait_all_committed(&group, &topics.input, Duration::from_secs(120));
     let out = import(&topics, &group, &partial, &["--missing", "earliest"]);
     assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    assert!(said(&out).contains("active member"), "{}", said(&out));
+    // A dry run says so too.
+    let out = import(
+        &topics,
+        &group,
+        &partial,
+        &["--missing", "earliest", "--dry-run"],
+    );
     assert!(said(&out).contains("active member"), "{}", said(&out));
     drop(ex);
 

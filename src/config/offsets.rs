@@ -192,15 +192,18 @@ impl StoreArgs {
     /// The store options, the password read from where it is kept.
     pub fn options(&self, target: &Target) -> Result<StoreOptions, Error> {
         let password = match (&self.password_env, &self.password_file) {
-            (Some(var), _) => Some(
-                std::env::var(var)
-                    .map_err(|_| Error::Config(format!("--password-env: ${var} is not set")))?,
-            ),
+            (Some(var), _) => {
+                Some(Password(std::env::var(var).map_err(|_| {
+                    Error::Config(format!("--password-env: ${var} is not set"))
+                })?))
+            }
             (None, Some(path)) => {
                 let text = std::fs::read_to_string(path).map_err(|e| {
                     Error::Config(format!("--password-file: {}: {e}", path.display()))
                 })?;
-                Some(text.strip_suffix('\n').unwrap_or(&text).to_string())
+                Some(Password(
+                    text.strip_suffix('\n').unwrap_or(&text).to_string(),
+                ))
             }
             (None, None) => None,
         };
@@ -257,7 +260,7 @@ pub struct StoreOptions {
     /// The MySQL table and its columns.
     pub mysql: Layout,
     /// The store's password (from an environment variable or a file, never the command line).
-    pub password: Option<String>,
+    pub password: Option<Password>,
 }
 
 impl StoreOptions {
@@ -346,5 +349,22 @@ mod tests {
             ..Layout::default()
         };
         assert!(l.check().is_ok(), "no fromOffset column is allowed");
+    }
+}
+
+/// A password: only [`Password::expose`] gives it out; `{:?}` prints `***`.
+#[derive(Clone)]
+pub struct Password(pub String);
+
+impl Password {
+    /// The password itself, for the store's client.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
     }
 }

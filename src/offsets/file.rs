@@ -2,8 +2,9 @@
 //!
 //! JSON (`[{"topic": "t", "partition": 0, "offset": 42}, …]`) or CSV (`topic,partition,offset`
 //! lines, an optional header line), by the file's extension (`.csv`; anything else is JSON).
-//! When PATH is a directory, the last file in it by name is read: the recipes write one file
-//! per batch, named so that the newest sorts last. A file holds one job's offsets, so the group
+//! When PATH is a directory, its last file is read: the recipes write one file per batch,
+//! named by batch number (`9` before `10`: numbers compare as numbers), and markers such as
+//! `_SUCCESS` or hidden files are not batches. A file holds one job's offsets, so the group
 //! is not part of it.
 
 use std::path::{Path, PathBuf};
@@ -45,8 +46,12 @@ impl FileStore {
             .map_err(|e| unreadable(&self.path, e))?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.is_file())
+            .filter(|p| {
+                let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
+                !name.is_some_and(|n| n.starts_with('_') || n.starts_with('.'))
+            })
             .collect();
-        files.sort();
+        files.sort_by_key(|p| batch_order(p));
         files.pop().ok_or_else(|| {
             Error::Config(format!(
                 "{}: the directory has no file",
@@ -54,6 +59,17 @@ impl FileStore {
             ))
         })
     }
+}
+
+/// Sorting key of a batch file: the digits its name starts with as a number (`9` before
+/// `10`), then the name.
+fn batch_order(path: &Path) -> (u128, String) {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let digits: String = name.chars().take_while(char::is_ascii_digit).collect();
+    (digits.parse().unwrap_or(0), name)
 }
 
 fn unreadable(path: &Path, e: std::io::Error) -> Error {
@@ -141,7 +157,10 @@ impl OffsetStore for FileStore {
         } else {
             serde_json::to_string_pretty(&entries).unwrap_or_default() + "\n"
         };
-        std::fs::write(&self.path, text).map_err(|e| unreadable(&self.path, e))
+        // Written beside it, then renamed: a crash leaves the old file or the new, whole.
+        let tmp = self.path.with_extension("tmp-exactly");
+        std::fs::write(&tmp, text).map_err(|e| unreadable(&tmp, e))?;
+        std::fs::rename(&tmp, &self.path).map_err(|e| unreadable(&self.path, e))
     }
 }
 
@@ -169,8 +188,9 @@ mod tests {
         }
         let batches = dir.join("batches");
         std::fs::create_dir_all(&batches).unwrap();
-        std::fs::write(batches.join("0001.csv"), "a,0,1\n").unwrap();
-        std::fs::write(batches.join("0002.csv"), "a,0,2\n").unwrap();
+        std::fs::write(batches.join("9.csv"), "a,0,1\n").unwrap();
+        std::fs::write(batches.join("10.csv"), "a,0,2\n").unwrap();
+        std::fs::write(batches.join("_SUCCESS"), "").unwrap();
         let store = FileStore::new(&format!("file://{}", batches.display())).unwrap();
         assert_eq!(store.read("g", &all).unwrap(), [(tp("a", 0), 2)].into());
         std::fs::remove_dir_all(&dir).unwrap();

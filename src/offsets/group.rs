@@ -68,11 +68,21 @@ impl OffsetStore for GroupStore {
                     source,
                 })?;
         }
-        consumer
-            .commit(&tpl, CommitMode::Sync)
-            .map_err(|source| Error::Unrecoverable {
+        // librdkafka's synchronous commit has no timeout of its own: bound it here.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(consumer.commit(&tpl, CommitMode::Sync));
+        });
+        match rx.recv_timeout(self.timeout) {
+            Ok(result) => result.map_err(|source| Error::Unrecoverable {
                 context: format!("committing the offsets of group {group}"),
                 source,
-            })
+            }),
+            Err(_) => Err(Error::Startup(format!(
+                "committing the offsets of group {group}: no answer within {:?}; whether they \
+                 were committed is unknown (exactly offsets show tells)",
+                self.timeout
+            ))),
+        }
     }
 }

@@ -147,10 +147,23 @@ pub fn import(
         .map(|r| (r.topic.clone(), r.partition))
         .collect();
     let found = store.read(&target.group, &partitions)?;
+    // A topic the store has nothing for is a wrong key, table or group, not a partition to
+    // start somewhere: --missing would move every partition silently.
+    for topic in &target.topics {
+        if !found.keys().any(|(t, _)| t == topic) {
+            return Err(Error::Config(format!(
+                "the store has no offset of topic '{topic}' for group {}: check the group, \
+                 --redis-key or the --mysql-* names (--missing is for partitions missing beside \
+                 others)",
+                target.group
+            )));
+        }
+    }
     for r in &mut rows {
         let (new, note) = match (found.get(&(r.topic.clone(), r.partition)), missing) {
             (Some(&o), _) if (r.low..=r.high).contains(&o) => (o, ""),
-            (Some(&o), _) if clamp => (o.clamp(r.low, r.high), "clamped"),
+            // A negative offset is a marker (-1: latest, -2: earliest), not a position.
+            (Some(&o), _) if clamp && o >= 0 => (o.clamp(r.low, r.high), "clamped"),
             (Some(&o), _) => {
                 return Err(Error::Config(format!(
                     "{}[{}]: the store says {o}, outside the partition's offsets {}..{} \
@@ -173,17 +186,21 @@ pub fn import(
     }
     let mut out = format!("group {}\n", target.group);
     table(&mut out, &rows, true);
+    let active = members(target)?;
+    let in_use = format!(
+        "group {} has {active} active member(s): stop them first (Kafka refuses offsets for a \
+         group in use), then import again",
+        target.group
+    );
     if dry_run {
+        if active > 0 {
+            let _ = writeln!(out, "{in_use}");
+        }
         out.push_str("dry run: nothing committed\n");
         return Ok(out);
     }
-    let active = members(target)?;
     if active > 0 {
-        return Err(Error::Config(format!(
-            "group {} has {active} active member(s): stop them first (Kafka refuses offsets \
-             for a group in use), then import again",
-            target.group
-        )));
+        return Err(Error::Config(in_use));
     }
     let offsets: Offsets = rows
         .iter()

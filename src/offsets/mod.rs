@@ -48,25 +48,47 @@ pub fn open(url: &str, options: &StoreOptions) -> Result<Box<dyn OffsetStore>, E
         Some("file") => Box::new(file::FileStore::new(url)?),
         _ => {
             return Err(Error::Config(format!(
-                "'{url}' is not an offset store this build knows \
-                 (redis://, mysql://, file://, kafka:)"
+                "'{}' is not an offset store this build knows \
+                 (redis://, mysql://, file://, kafka:)",
+                redact(url)
             )));
         }
     })
 }
 
-/// A URL for the command line or a log: any password in it replaced.
+/// A URL for the command line or a log: any password in it (user info, or a `password`/`pass`
+/// query parameter) replaced.
 pub fn redact(url: &str) -> String {
-    match (url.split_once("://"), url.rfind('@')) {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let mut out = match (base.split_once("://"), base.rfind('@')) {
         (Some((scheme, rest)), Some(at)) if at > scheme.len() => {
             let userinfo = &rest[..at - scheme.len() - 3];
             match userinfo.split_once(':') {
-                Some((user, _)) => format!("{scheme}://{user}:***{}", &url[at..]),
-                None => url.to_string(),
+                Some((user, _)) => format!("{scheme}://{user}:***{}", &base[at..]),
+                None => base.to_string(),
             }
         }
-        _ => url.to_string(),
+        _ => base.to_string(),
+    };
+    if let Some(q) = query {
+        let params: Vec<String> = q
+            .split('&')
+            .map(|kv| match kv.split_once('=') {
+                Some((k, _))
+                    if k.eq_ignore_ascii_case("password") || k.eq_ignore_ascii_case("pass") =>
+                {
+                    format!("{k}=***")
+                }
+                _ => kv.to_string(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&params.join("&"));
     }
+    out
 }
 
 /// Refuses a password written into the URL: it would show in `ps`, shell history and logs.
@@ -80,9 +102,10 @@ fn no_password_in(url: &str, flag: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// A store's answer that is not a number where an offset or partition should be.
+/// A store's answer that is not a number where an offset or partition should be: bad input,
+/// like a bad line in a file.
 fn bad_value(store: &str, what: &str, value: &str) -> Error {
-    Error::Startup(format!("{store}: {what} is '{value}', not a number"))
+    Error::Config(format!("{store}: {what} is '{value}', not a number"))
 }
 
 #[cfg(test)]
@@ -104,20 +127,30 @@ mod tests {
         );
         assert_eq!(redact("mysql://app@db:3306/x"), "mysql://app@db:3306/x");
         assert_eq!(redact("file:///tmp/a@b.json"), "file:///tmp/a@b.json");
+        assert_eq!(
+            redact("mysql://app@db/x?password=s3cret&ssl=1"),
+            "mysql://app@db/x?password=***&ssl=1"
+        );
+        let o = StoreOptions::kafka(&kafka(), Duration::from_secs(1));
+        let e = open("rediss://:s3cret@h/0", &o).err().unwrap().to_string();
+        assert!(!e.contains("s3cret"), "{e}");
         let e = no_password_in("mysql://app:s3cret@db/x", "--from").unwrap_err();
         assert!(!e.to_string().contains("s3cret"), "{e}");
         assert!(e.to_string().contains("--password-env"), "{e}");
     }
 
-    #[test]
-    fn unknown_schemes_are_refused_by_name() {
-        let kafka = Settings {
+    fn kafka() -> Settings {
+        Settings {
             bootstrap_servers: "127.0.0.1:9".into(),
             client_id: "t".into(),
             consumer: Vec::new(),
             producer: Vec::new(),
-        };
-        let o = StoreOptions::kafka(&kafka, Duration::from_secs(1));
+        }
+    }
+
+    #[test]
+    fn unknown_schemes_are_refused_by_name() {
+        let o = StoreOptions::kafka(&kafka(), Duration::from_secs(1));
         let e = open("ftp://x", &o).err().unwrap().to_string();
         assert!(e.contains("ftp://x") && e.contains("redis://"), "{e}");
     }

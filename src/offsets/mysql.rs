@@ -7,7 +7,7 @@
 
 use mysql_async::prelude::Queryable;
 
-use super::{OffsetStore, Offsets, StoreOptions, no_password_in, redact};
+use super::{OffsetStore, Offsets, StoreOptions, bad_value, no_password_in, redact};
 use crate::config::offsets::Layout;
 use crate::error::Error;
 
@@ -24,10 +24,15 @@ impl MysqlStore {
     pub fn new(url: &str, options: &StoreOptions) -> Result<MysqlStore, Error> {
         no_password_in(url, "the mysql URL")?;
         options.mysql.check()?;
-        let parsed = mysql_async::Opts::from_url(url)
-            .map_err(|e| Error::Config(format!("'{url}' is not a MySQL URL: {e}")))?;
+        // The crate's message quotes the URL, query parameters and all: not printed.
+        let parsed = mysql_async::Opts::from_url(url).map_err(|_| {
+            Error::Config(format!(
+                "'{}' is not a MySQL URL (mysql://user@host:port/database)",
+                redact(url)
+            ))
+        })?;
         let opts = mysql_async::OptsBuilder::from_opts(parsed)
-            .pass(options.password.clone())
+            .pass(options.password.as_ref().map(|p| p.expose().to_string()))
             .into();
         Ok(MysqlStore {
             opts,
@@ -67,7 +72,9 @@ impl OffsetStore for MysqlStore {
         let l = &self.layout;
         // The recipes keep a row per partition; where a table kept history, the furthest wins.
         let sql = format!(
-            "SELECT `{p}`, MAX(`{o}`) FROM `{t}` WHERE `{g}` = ? AND `{tp}` = ? GROUP BY `{p}`",
+            // BINARY: names compare byte for byte, not by the column's (case-blind) collation.
+            "SELECT `{p}`, MAX(`{o}`) FROM `{t}` WHERE BINARY `{g}` = ? AND BINARY `{tp}` = ? \
+             GROUP BY `{p}`",
             p = l.partition,
             o = l.offset,
             t = l.table,
@@ -75,24 +82,34 @@ impl OffsetStore for MysqlStore {
             tp = l.topic
         );
         let mut topics: Vec<&String> = partitions.iter().map(|(t, _)| t).collect();
+        topics.sort();
         topics.dedup();
         let rows = self.with_conn(async |conn| {
             let mut rows = Vec::new();
             for topic in &topics {
-                let got: Vec<(i64, Option<i64>)> =
+                // Rows, not typed tuples: a typed read panics on a value that does not convert.
+                let got: Vec<mysql_async::Row> =
                     conn.exec(sql.as_str(), (group, topic.as_str())).await?;
-                rows.extend(got.into_iter().map(|(p, o)| ((*topic).clone(), p, o)));
+                rows.extend(got.into_iter().map(|r| ((*topic).clone(), r)));
             }
             Ok(rows)
         })?;
         let mut out = Offsets::new();
-        for (topic, partition, offset) in rows {
-            let Ok(partition) = i32::try_from(partition) else {
-                continue;
+        let l = &self.layout;
+        let store = format!("mysql {}", l.table);
+        for (topic, mut row) in rows {
+            let mut number = |i: usize, what: &str| -> Result<i64, Error> {
+                match row.take_opt::<Option<i64>, _>(i) {
+                    Some(Ok(Some(n))) => Ok(n),
+                    Some(Ok(None)) => Err(bad_value(&store, what, "NULL")),
+                    _ => Err(bad_value(&store, what, "not a 64-bit integer")),
+                }
             };
-            if let Some(offset) = offset
-                && partitions.contains(&(topic.clone(), partition))
-            {
+            let partition = number(0, &format!("`{}` of topic {topic}", l.partition))?;
+            let offset = number(1, &format!("`{}` of {topic}[{partition}]", l.offset))?;
+            let partition = i32::try_from(partition)
+                .map_err(|_| bad_value(&store, "a partition", &partition.to_string()))?;
+            if partitions.contains(&(topic.clone(), partition)) {
                 out.insert((topic, partition), offset);
             }
         }

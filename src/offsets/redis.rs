@@ -14,7 +14,6 @@ pub struct RedisStore {
     client: redis::Client,
     url: String,
     key: String,
-    password: Option<String>,
     timeout: Duration,
 }
 
@@ -28,13 +27,20 @@ impl RedisStore {
                 options.redis_key
             )));
         }
-        let client = redis::Client::open(url)
-            .map_err(|e| Error::Config(format!("'{url}' is not a Redis URL: {e}")))?;
+        use redis::IntoConnectionInfo;
+        let bad = |e: redis::RedisError| Error::Config(format!("'{url}' is not a Redis URL: {e}"));
+        let mut info = url.into_connection_info().map_err(bad)?;
+        // The password goes into the connection itself: the client authenticates (with the
+        // URL's user, if any) before it selects the URL's database.
+        if let Some(pw) = &options.password {
+            let settings = info.redis_settings().clone().set_password(pw.expose());
+            info = info.set_redis_settings(settings);
+        }
+        let client = redis::Client::open(info).map_err(bad)?;
         Ok(RedisStore {
             client,
             url: url.to_string(),
             key: options.redis_key.clone(),
-            password: options.password.clone(),
             timeout: options.timeout,
         })
     }
@@ -45,21 +51,12 @@ impl RedisStore {
 
     fn connect(&self) -> Result<redis::Connection, Error> {
         let failed = |e: redis::RedisError| Error::Startup(format!("{}: {e}", redact(&self.url)));
-        let mut con = self
+        let con = self
             .client
             .get_connection_with_timeout(self.timeout)
             .map_err(failed)?;
         con.set_read_timeout(Some(self.timeout)).map_err(failed)?;
         con.set_write_timeout(Some(self.timeout)).map_err(failed)?;
-        if let Some(pw) = &self.password {
-            redis::cmd("AUTH")
-                .arg(pw)
-                .query::<()>(&mut con)
-                // The kind only: never the server's text, which could echo what was sent.
-                .map_err(|e| {
-                    Error::Startup(format!("{}: AUTH: {:?}", redact(&self.url), e.kind()))
-                })?;
-        }
         Ok(con)
     }
 }
@@ -69,6 +66,7 @@ impl OffsetStore for RedisStore {
         let mut con = self.connect()?;
         let mut out = Offsets::new();
         let mut topics: Vec<&String> = partitions.iter().map(|(t, _)| t).collect();
+        topics.sort();
         topics.dedup();
         for topic in topics {
             let key = self.key(topic, group);
@@ -80,9 +78,12 @@ impl OffsetStore for RedisStore {
                 })?;
             for (field, value) in hash {
                 let store = format!("redis {key}");
+                // "00" is not partition 0: two fields for one partition would be a guess.
                 let partition: i32 = field
                     .parse()
-                    .map_err(|_| bad_value(&store, "a field (partition)", &field))?;
+                    .ok()
+                    .filter(|p: &i32| p.to_string() == field)
+                    .ok_or_else(|| bad_value(&store, "a field (partition)", &field))?;
                 let offset: i64 = value.parse().map_err(|_| {
                     bad_value(&store, &format!("partition {partition}'s offset"), &value)
                 })?;
@@ -103,16 +104,16 @@ impl OffsetStore for RedisStore {
         for ((t, p), o) in offsets {
             by_topic.entry(t).or_default().push((*p, *o));
         }
+        // All topics in one MULTI/EXEC: an export is written whole or not at all.
+        let mut pipe = redis::pipe();
+        pipe.atomic();
         for (topic, fields) in by_topic {
-            let key = self.key(topic, group);
-            let mut cmd = redis::cmd("HSET");
-            cmd.arg(&key);
+            let cmd = pipe.cmd("HSET").arg(self.key(topic, group));
             for (p, o) in fields {
                 cmd.arg(p).arg(o);
             }
-            cmd.query::<()>(&mut con)
-                .map_err(|e| Error::Startup(format!("{}: HSET {key}: {e}", redact(&self.url))))?;
         }
-        Ok(())
+        pipe.query::<()>(&mut con)
+            .map_err(|e| Error::Startup(format!("{}: HSET: {e}", redact(&self.url))))
     }
 }
