@@ -30,11 +30,13 @@ done
 
 say "writing 1000 orders, and 2 broken records, to $in"
 python3 - >"$run.input" <<'PY'
-import json, random
+import json, random, time
 random.seed(7)
+# Orders of the last second, a millisecond apart: the enriched "day" is today's (UTC).
+start = int(time.time() * 1000) - 1000
 for i in range(1000):
     order = {"id": i, "customer": f"c{random.randint(1, 50)}",
-             "amount": round(random.uniform(1, 250), 2), "ts": 1764460800000 + i * 1000}
+             "amount": round(random.uniform(1, 250), 2), "ts": start + i}
     print(f"order-{i}|{json.dumps(order)}")
     if i == 300: print("bad-1|this is not JSON")
     if i == 700: print('bad-2|{"id": 700, "amount": {"value": 12.5}, "ts": 0}')
@@ -55,8 +57,14 @@ say "waiting until the group has committed every input offset"
 for _ in $(seq 1 60); do
   lag=$(tool org.apache.kafka.tools.consumer.group.ConsumerGroupCommand --bootstrap-server \
     "$bootstrap" --describe --group "$group" 2>/dev/null | awk -v t="$in" '$2 == t { print $6 }')
+  # A partition without a committed offset yet shows its lag as "-": not done.
   total=0
-  for l in $lag; do total=$((total + l)); done
+  for l in $lag; do
+    case "$l" in
+      '' | *[!0-9]*) total=unknown; break ;;
+      *) total=$((total + l)) ;;
+    esac
+  done
   if [ -n "$lag" ] && [ "$total" = 0 ]; then break; fi
   sleep 1
 done

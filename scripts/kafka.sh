@@ -111,10 +111,11 @@ start() {
   fetch
   if [ ! -f "$run/server.properties" ]; then configure; fi
   log "starting Apache Kafka $version on 127.0.0.1:$(cat "$run/port") (logs: $run/broker.log)"
-  # setsid: the broker must outlive the shell (and the test) that started it.
   local mark
   mark=0
   if [ -f "$run/broker.log" ]; then mark=$(wc -l <"$run/broker.log"); fi
+  # Created here, not by the broker's redirection: the wait below reads it at once.
+  : >>"$run/broker.log"
   # setsid: the broker must outlive the shell (and the test) that started it.
   setsid "${jvm[@]}" kafka.Kafka "$run/server.properties" \
     >>"$run/broker.log" 2>&1 </dev/null &

@@ -27,5 +27,18 @@ EXACTLY_TEST_BOOTSTRAP=$(scripts/kafka.sh bootstrap)
 export EXACTLY_TEST_BOOTSTRAP
 echo "test.sh: broker at $EXACTLY_TEST_BOOTSTRAP"
 # No arguments: every test. With arguments (e.g. --test exactly_once): only those.
-if [ $# -eq 0 ]; then set -- --all-targets; fi
-cargo test "$@"
+if [ $# -eq 0 ]; then
+  cargo test --all-targets
+  # The README's first command, as a new user runs it: exit 0 and no error from bash.
+  echo "test.sh: scripts/demo.sh"
+  demo_log=$(mktemp)
+  scripts/demo.sh >"$demo_log" 2>&1 || { tail -40 "$demo_log"; echo "test.sh: the demo failed"; exit 1; }
+  if grep -E "^scripts/demo.sh: line [0-9]+:|^tail: |syntax error" "$demo_log"; then
+    echo "test.sh: the demo printed errors"; exit 1
+  fi
+  today=$(date -u +%F)
+  grep -q "\"day\":\"$today\"" "$demo_log" || { echo "test.sh: the demo's orders are not from today"; exit 1; }
+  rm -f "$demo_log"
+else
+  cargo test "$@"
+fi
