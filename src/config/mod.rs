@@ -100,16 +100,9 @@ const PRODUCER_OWNED: &[(&str, &str)] = &[
     ),
 ];
 
-/// Kafka's own rule: 1–249 characters of `[a-zA-Z0-9._-]`, not `.` or `..`.
+/// A topic name Kafka accepts ([`crate::kafka::valid_topic_name`]), or an error naming `flag`.
 fn check_topic_name(flag: &str, name: &str) -> Result<(), Error> {
-    let ok = !name.is_empty()
-        && name.len() <= 249
-        && name != "."
-        && name != ".."
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-    if ok {
+    if crate::kafka::valid_topic_name(name.as_bytes()) {
         Ok(())
     } else {
         Err(Error::Config(format!(

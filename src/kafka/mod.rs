@@ -36,6 +36,17 @@ pub struct Settings {
     pub producer: Vec<(String, String)>,
 }
 
+/// Kafka's rule for a topic name: 1–249 bytes of `[a-zA-Z0-9._-]`, not `.` or `..`.
+pub fn valid_topic_name(name: &[u8]) -> bool {
+    !name.is_empty()
+        && name.len() <= 249
+        && name != b"."
+        && name != b".."
+        && name
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(b))
+}
+
 /// Which client, with what only that client needs.
 #[derive(Clone, Copy, Debug)]
 pub enum Role<'a> {

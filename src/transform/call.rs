@@ -41,7 +41,7 @@ use serde_json::value::RawValue;
 
 use super::{
     Failure, InputRecord, Limits, OutputHeaders, OutputRecord, Reason, Transform, TransformError,
-    check_size, truncate, valid_topic,
+    check_size, truncate,
 };
 use crate::config::CallSpec;
 use crate::error::Error;
@@ -525,7 +525,7 @@ impl OutputJson {
             )),
         };
         if let Some(t) = &self.topic
-            && !valid_topic(t.as_bytes())
+            && !crate::kafka::valid_topic_name(t.as_bytes())
         {
             return Err(format!("topic {t:?} is not a valid topic name"));
         }

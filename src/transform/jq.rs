@@ -15,7 +15,7 @@ use jaq_json::{Map, Val};
 use super::json::{parse_json, write_compact};
 use super::{
     Failure, InputRecord, Limits, OutputHeaders, OutputRecord, Reason, Transform, TransformError,
-    check_size, truncate, valid_topic,
+    check_size, truncate,
 };
 
 /// Names of the variables a program sees, in the order their values are passed.
@@ -253,7 +253,7 @@ fn str_bytes(v: &Val) -> Option<&[u8]> {
 
 fn topic_name(v: &Val) -> Option<String> {
     let b = str_bytes(v)?;
-    valid_topic(b).then(|| String::from_utf8_lossy(b).into_owned())
+    crate::kafka::valid_topic_name(b).then(|| String::from_utf8_lossy(b).into_owned())
 }
 
 fn headers(v: &Val) -> Option<Vec<(String, Option<Vec<u8>>)>> {

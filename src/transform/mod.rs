@@ -350,16 +350,6 @@ pub(crate) fn truncate(s: &mut String, max: usize) {
     }
 }
 
-/// A name Kafka accepts for a topic.
-pub(crate) fn valid_topic(b: &[u8]) -> bool {
-    !b.is_empty()
-        && b.len() <= 249
-        && b != b"."
-        && b != b".."
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || b"._-".contains(c))
-}
-
 pub(crate) fn check_size(size: usize, limits: &Limits) -> Result<(), TransformError> {
     if size > limits.max_output_bytes {
         return Err(TransformError::new(
