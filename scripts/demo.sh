@@ -6,6 +6,8 @@
 # keeps running (scripts/kafka.sh stop).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# A C toolchain, cmake, OpenSSL headers, Python 3, Java 17 and Maven, installed when missing.
+scripts/setup.sh demo
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 tool() { scripts/kafka.sh tool "$@"; }

@@ -2,7 +2,7 @@
 # The offset stores the tests import from and export to: a real Redis and a real MariaDB on
 # 127.0.0.1 (free ports), their data under DIR, each with a password.
 #
-#   scripts/stores.sh start DIR    install redis-server and mariadb-server when missing (apt),
+#   scripts/stores.sh start DIR    install redis-server and mariadb-server when missing (setup.sh),
 #                                  start both, print `export` lines for the tests:
 #                                  EXACTLY_TEST_REDIS_URL, EXACTLY_TEST_MYSQL_URL and
 #                                  EXACTLY_TEST_STORE_PASSWORD
@@ -37,18 +37,7 @@ case "$cmd" in
   *) echo "usage: scripts/stores.sh start|stop DIR" >&2; exit 2 ;;
 esac
 
-missing=()
-command -v redis-server >/dev/null || missing+=(redis-server)
-command -v mariadbd >/dev/null || missing+=(mariadb-server)
-if [ ${#missing[@]} -gt 0 ]; then
-  log "installing ${missing[*]} (apt)"
-  sudo=()
-  [ "$(id -u)" = 0 ] || sudo=(sudo)
-  export DEBIAN_FRONTEND=noninteractive
-  "${sudo[@]}" apt-get update -q >&2
-  # The packages would start servers where an init system runs; the tests start their own.
-  "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
-fi
+"$(dirname "${BASH_SOURCE[0]}")/setup.sh" stores
 
 mkdir -p "$dir"
 password="exactly-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')"

