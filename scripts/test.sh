@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The test command: starts the local Kafka broker (scripts/kafka.sh), runs every test against
-# it, and stops the broker again if this script started it. Extra arguments go to cargo test,
-# e.g. scripts/test.sh --test exactly_once.
+# The test command: installs what a fresh Debian machine lacks (scripts/setup.sh test), starts
+# the local Kafka broker (scripts/kafka.sh), the offset stores and a Docker engine, runs every
+# test against them, and stops what it started. Extra arguments go to cargo test, e.g.
+# scripts/test.sh --test exactly_once, or scripts/test.sh --test image -- --ignored.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+scripts/setup.sh test
 started=0
 if ! scripts/kafka.sh status; then
   scripts/kafka.sh start
@@ -13,6 +15,7 @@ fi
 # Redis and MariaDB for the offset stores (tests/offsets.rs), data under a temp dir.
 stores=$(mktemp -d "${TMPDIR:-/tmp}/exactly-stores.XXXXXX")
 stop() {
+  if [ "${EXACTLY_DOCKERD_STARTED:-0}" = 1 ]; then scripts/docker.sh stop || true; fi
   scripts/stores.sh stop "$stores" || true
   rm -rf "$stores"
   if [ "$started" = 1 ]; then scripts/kafka.sh stop; fi
@@ -23,12 +26,29 @@ eval "$(scripts/stores.sh start "$stores")"
 # promtool, prometheus, hadolint, docker compose (installed when missing).
 eval "$(scripts/tools.sh)"
 
+# A Docker engine for the image test (tests/image.rs, ignored by plain cargo test). Where none
+# can run, the test is skipped by name, and CI fails: CI machines can run one.
+image_test=tests/image.rs::the_image_runs_exactly_once_healthy_as_uid_10001_and_stops_cleanly
+if docker_env=$(scripts/docker.sh start); then
+  eval "$docker_env"
+  docker=1
+else
+  docker=0
+  [ -z "${CI:-}" ] || { echo "test.sh: CI runs the image test, and no Docker engine started"; exit 1; }
+fi
+
 EXACTLY_TEST_BOOTSTRAP=$(scripts/kafka.sh bootstrap)
 export EXACTLY_TEST_BOOTSTRAP
 echo "test.sh: broker at $EXACTLY_TEST_BOOTSTRAP"
 # No arguments: every test. With arguments (e.g. --test exactly_once): only those.
 if [ $# -eq 0 ]; then
   cargo test --all-targets
+  if [ "$docker" = 1 ]; then
+    echo "test.sh: the image test (docker build, then the container against the broker)"
+    cargo test --test image -- --ignored
+  else
+    echo "test.sh: SKIPPED $image_test (no Docker engine, see above)"
+  fi
   # The README's first command, as a new user runs it: exit 0 and no error from bash.
   echo "test.sh: scripts/demo.sh"
   demo_log=$(mktemp)

@@ -1,8 +1,8 @@
 //! What ships for operators, checked by the tools that consume it: the alert rules by
 //! promtool (syntax and unit tests), the Dockerfile by hadolint, the compose file by
 //! `docker compose config`, the dashboard and provisioning by their shape, the Kubernetes
-//! example by its probes and grace. No Docker engine or Grafana runs here; a real Prometheus
-//! evaluates the queries in `tests/prometheus.rs`.
+//! example by its probes and grace. The image itself is built and run in `tests/image.rs`; a
+//! real Prometheus evaluates the queries in `tests/prometheus.rs`.
 
 mod common;
 
