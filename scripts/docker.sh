@@ -26,25 +26,53 @@ sock=/run/exactly-docker.sock
 root=/var/lib/exactly-docker
 state=/run/exactly-docker
 log() { echo "docker.sh: $*" >&2; }
+# Whether this run started the engine (start prints it for the caller's stop).
+started=0
 fail() {
   log "no Docker engine: $*"
   exit 1
 }
 
-answers() { DOCKER_HOST="unix://$sock" docker info >/dev/null 2>&1; }
+answers() { DOCKER_HOST="unix://$sock" timeout 10 docker info >/dev/null 2>&1; }
 
-started=0
+# On a failed start: no half-built tree left behind, no engine this script started left
+# running (the caller never learns it started one).
+tree=
+cleanup() {
+  local code=$?
+  [ -z "$tree" ] || rm -rf "$tree" "$tree.log"
+  if [ "$code" != 0 ] && [ "$started" = 1 ]; then stop_engine; fi
+}
+trap cleanup EXIT
+
+# Stops the dockerd of the pid file, if it is one.
+stop_engine() {
+  [ -f "$state/dockerd.pid" ] || return 0
+  local pid
+  pid=$(cat "$state/dockerd.pid")
+  if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" != dockerd ]; then
+    rm -f "$state/dockerd.pid"
+    return 0
+  fi
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
+  log "dockerd ($pid) still running after 30 s: killing it"
+  kill -KILL "$pid" 2>/dev/null || true
+}
+
 start_engine() {
   if answers; then return 0; fi
-  started=1
   [ "$(id -u)" = 0 ] || fail "dockerd runs as root and this is uid $(id -u)"
   "$(dirname "${BASH_SOURCE[0]}")/setup.sh" docker || fail "docker.io or debootstrap could not be installed"
   mkdir -p "$state"
   log "starting dockerd (no bridge, no iptables; data in $root)"
   # setsid: the daemon outlives this script and is not in the caller's process group.
+  # Its own containerd namespaces: a system dockerd's containers are not ours to see.
   setsid dockerd --host "unix://$sock" --pidfile "$state/dockerd.pid" --data-root "$root" \
     --exec-root "$state" --bridge=none --iptables=false --ip6tables=false --ip-masq=false \
+    --containerd-namespace exactly --containerd-plugins-namespace exactly-plugins \
     >"$state/dockerd.log" 2>&1 </dev/null &
+  started=1
   for _ in $(seq 1 60); do
     if answers; then return 0; fi
     if ! kill -0 $! 2>/dev/null; then
@@ -55,18 +83,23 @@ start_engine() {
   fail "dockerd did not answer within 30 s (log: $state/dockerd.log)"
 }
 
-# debootstrap SUITE into a temp dir, trimmed like Debian's slim images, and import it as TAG.
-# Extra arguments: packages to include, then `--` and commands to run on the tree.
+# debootstrap the suite into a temp dir, trimmed like Debian's slim images, and import it as
+# TAG. Arguments: TAG, packages to include, then a command to run on the tree.
 standin() {
   local tag=$1 include=$2
   shift 2
-  # Built already, by this version of this script (its hash is the image's label)?
+  # Built already, from the same recipe: this script, the mirror, the Rust toolchain and the
+  # certificate authorities it copies in (the hash is the image's label).
   local recipe
-  recipe=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)
+  recipe=$({
+    cat "${BASH_SOURCE[0]}"
+    echo "$mirror"
+    rustc -vV
+    cat /etc/ssl/certs/ca-certificates.crt
+  } | sha256sum | cut -c1-16)
   if [ "$(DOCKER_HOST="unix://$sock" docker image inspect -f '{{index .Config.Labels "exactly.recipe"}}' "$tag" 2>/dev/null)" = "$recipe" ]; then
     return 0
   fi
-  local tree
   tree=$(mktemp -d "${TMPDIR:-/tmp}/exactly-standin.XXXXXX")
   log "building stand-in $tag (debootstrap $suite${include:+ with $include})"
   debootstrap --variant=minbase ${include:+--include="$include"} "$suite" "$tree" "$mirror" \
@@ -99,6 +132,7 @@ EOF
   [ -z "${STANDIN_PATH:-}" ] || changes+=(--change "ENV PATH=$STANDIN_PATH" --change "ENV CARGO_HOME=/usr/local/cargo")
   tar -C "$tree" -c . | DOCKER_HOST="unix://$sock" docker import "${changes[@]}" - "$tag" >/dev/null
   rm -rf "$tree"
+  tree=
   # The stand-in it replaces, if any, is untagged now.
   DOCKER_HOST="unix://$sock" docker image prune -f >/dev/null
 }
@@ -126,8 +160,12 @@ PY
   local sysroot
   sysroot=$(rustc --print sysroot)
   mkdir -p "$1/usr/local/rust/bin" "$1/usr/local/cargo/bin"
+  local host
+  host=$(rustc -vV | sed -n 's/^host: //p')
+  mkdir -p "$1/usr/local/rust/lib/rustlib"
   cp "$sysroot/bin/cargo" "$sysroot/bin/rustc" "$1/usr/local/rust/bin/"
-  cp -a "$sysroot/lib" "$1/usr/local/rust/"
+  cp -a "$sysroot"/lib/*.so* "$1/usr/local/rust/lib/"
+  cp -a "$sysroot/lib/rustlib/$host" "$1/usr/local/rust/lib/rustlib/"
 }
 
 case "${1:-}" in
@@ -145,11 +183,9 @@ start)
   echo "export EXACTLY_DOCKERD_STARTED=$started"
   ;;
 stop)
-  if [ -f "$state/dockerd.pid" ]; then
-    pid=$(cat "$state/dockerd.pid")
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-  fi
+  # What builds left untagged (each rebuild of the test image replaces one) goes first.
+  if answers; then DOCKER_HOST="unix://$sock" docker image prune -f >/dev/null || true; fi
+  stop_engine
   ;;
 *)
   echo "usage: scripts/docker.sh start|stop" >&2

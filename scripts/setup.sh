@@ -8,7 +8,9 @@
 #   scripts/setup.sh stores   the offset stores' servers: redis-server, mariadb-server
 #   scripts/setup.sh docker   a Docker engine and debootstrap (scripts/docker.sh)
 #   scripts/setup.sh tools    Prometheus and promtool (scripts/tools.sh; they check the alerts)
-#   scripts/setup.sh test     all of the above, and Node.js (the call-out's second example)
+#   scripts/setup.sh test     demo, stores and tools, and Node.js (the call-out's second
+#                             example); the Docker engine comes from scripts/docker.sh, which
+#                             installs it only where it can run one
 #
 # Rust itself is not a Debian package here (Debian 12's rustc is older than Cargo.toml's
 # rust-version): without cargo the script stops and points at rustup.rs.
@@ -39,23 +41,25 @@ stores() {
   need redis-server redis-server
   need mariadbd mariadb-server
 }
-docker() {
+engine() {
   need dockerd docker.io
   need debootstrap debootstrap
 }
 tools() {
   need promtool prometheus
+  # tools.sh's virtualenv: Debian's python3 has no ensurepip without python3-venv.
+  python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
 }
 
 case "${1:-}" in
 demo) demo ;;
 stores) stores ;;
-docker) docker ;;
+docker) engine ;;
 tools) tools ;;
 test)
+  # Not the Docker engine: scripts/docker.sh installs it when it can run one (as root).
   demo
   stores
-  docker
   tools
   need node nodejs
   ;;

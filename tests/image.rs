@@ -266,6 +266,12 @@ fn the_image_runs_exactly_once_healthy_as_uid_10001_and_stops_cleanly() {
         events.iter().any(|e| e["message"] == "exactly stopped"),
         "{stderr}"
     );
+    // What was open at SIGTERM committed: an abort would leave the same committed state.
+    let aborted = |e: &&Value| {
+        let m = e["message"].as_str().unwrap_or("");
+        m.contains("aborted")
+    };
+    assert!(!events.iter().any(|e| aborted(&e)), "{stderr}");
 
     // A second container finishes the input: everything exactly once overall.
     let second = Container::run(&unique("exactly-image"), &env);
