@@ -25,6 +25,10 @@ pub enum Error {
         /// What Kafka said.
         source: KafkaError,
     },
+    /// The cluster refuses our clients: a wrong password, an untrusted certificate. Kafka's
+    /// clients reconnect for ever; exactly stops with what librdkafka said.
+    #[error("the Kafka cluster refused the connection (check the security settings): {0}")]
+    Refused(String),
     /// A record could not be transformed and the error policy is `fail`.
     #[error("{0} (--on-error fail)")]
     RecordFailed(String),

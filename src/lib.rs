@@ -33,8 +33,10 @@
 //!   against the producer's size limit; shared by the pipeline and the audit's replay.
 //! - [`headers`]: the lineage header on every output and the reason headers on DLQ records.
 //! - [`kafka`]: a leaf: every client's librdkafka settings from one [`kafka::Settings`] and a
-//!   [`kafka::Role`]; the librdkafka calls rust-rdkafka lacks, behind safe wrappers (producing
-//!   through topic handles, header names as bytes, flush).
+//!   [`kafka::Role`] (security settings for all of them, the one rule for what is a secret,
+//!   [`kafka::Refusal`]: the cluster refusing a client); the librdkafka calls rust-rdkafka
+//!   lacks, behind safe wrappers (producing through topic handles, header names as bytes,
+//!   flush).
 //! - [`error`]: error types, and [`error::classify`], the one table that says what a failed
 //!   Kafka call means (retry, abort and rewind, unknown outcome, recreate, exit).
 //! - [`events`]: what happens to the pipeline (aborted, committed, rebalanced, producer

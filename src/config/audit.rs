@@ -6,8 +6,8 @@ use std::time::Duration;
 use clap::Args;
 
 use super::{
-    CONSUMER_OWNED, CallArgs, OnError, TransformArgs, TransformConfig, check_passthrough,
-    check_topic_name, parse_duration, parse_key_value,
+    CONSUMER_OWNED, CallArgs, ClientArgs, KeyValue, OnError, TransformArgs, TransformConfig,
+    check_passthrough, check_topic_name, parse_duration,
 };
 use crate::error::Error;
 use crate::kafka::Settings;
@@ -93,8 +93,12 @@ pub struct AuditArgs {
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub timeout: Duration,
 
+    /// Settings for every Kafka client (security, network).
+    #[command(flatten)]
+    pub client: ClientArgs,
+
     /// Extra librdkafka consumer setting, key=value (repeatable).
-    #[arg(long = "consumer-config", env = "EXACTLY_CONSUMER_CONFIG", value_name = "KEY=VALUE", value_delimiter = ';', value_parser = parse_key_value)]
+    #[arg(long = "consumer-config", env = "EXACTLY_CONSUMER_CONFIG", value_name = "KEY=VALUE", value_delimiter = ';', value_parser = KeyValue, hide_env_values = true)]
     pub consumer_config: Vec<(String, String)>,
 }
 
@@ -184,6 +188,7 @@ impl AuditArgs {
                 kafka: Settings {
                     bootstrap_servers: self.bootstrap_servers,
                     client_id: "exactly-audit".into(),
+                    common: self.client.resolve()?,
                     consumer: self.consumer_config,
                     producer: Vec::new(),
                 },

@@ -14,11 +14,13 @@ pub mod offsets;
 pub mod run;
 pub mod transform;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::error::Error;
+use crate::kafka::{REDACTED, is_secret, shown};
 
 pub use audit::{AuditArgs, AuditConfig, Bound, Plan};
 pub use run::{Config, Guarantee, Input, RunArgs, TestAborts};
@@ -100,6 +102,54 @@ const PRODUCER_OWNED: &[(&str, &str)] = &[
     ),
 ];
 
+/// librdkafka settings for every Kafka client a subcommand creates: security and network.
+#[derive(Clone, Debug, Args)]
+pub struct ClientArgs {
+    /// A properties file of librdkafka settings for every Kafka client (`key=value` lines and
+    /// `#` comments, the way Kafka's tools take them): security settings from a mounted
+    /// Kubernetes Secret, say. --kafka-config overrides its keys.
+    #[arg(long, env = "EXACTLY_KAFKA_CONFIG_FILE", value_name = "PATH")]
+    pub kafka_config_file: Option<PathBuf>,
+
+    /// librdkafka setting for every Kafka client, key=value: security and network
+    /// (repeatable; in the environment, separate pairs with ';'). --consumer-config and
+    /// --producer-config override it for their clients.
+    #[arg(long = "kafka-config", env = "EXACTLY_KAFKA_CONFIG", value_name = "KEY=VALUE", value_delimiter = ';', value_parser = KeyValue, hide_env_values = true)]
+    pub kafka_config: Vec<(String, String)>,
+}
+
+impl ClientArgs {
+    /// The settings for every client, in the order they apply: the file's, then
+    /// --kafka-config's. Each checked like any passthrough key.
+    pub fn resolve(&self) -> Result<Vec<(String, String)>, Error> {
+        let owned = [CONSUMER_OWNED, PRODUCER_OWNED].concat();
+        let mut all = Vec::new();
+        if let Some(path) = &self.kafka_config_file {
+            let flag = format!("--kafka-config-file {}", path.display());
+            let file = std::fs::File::open(path)
+                .map_err(|e| Error::Config(format!("{flag}: cannot read it: {e}")))?;
+            // UTF-8, in the file's order (a key given twice: the later wins). Only the line
+            // number of an error is shown: a line may hold a secret.
+            let mut read = Vec::new();
+            let reader = std::io::BufReader::new(file);
+            java_properties::PropertiesIter::new_with_encoding(reader, encoding_rs::UTF_8)
+                .read_into(|k, v| read.push((k, v)))
+                .map_err(|e| {
+                    let line = e.line_number().map(|n| format!(" at line {n}"));
+                    Error::Config(format!(
+                        "{flag}: not a properties file{}",
+                        line.unwrap_or_default()
+                    ))
+                })?;
+            check_passthrough(&flag, &read, &owned)?;
+            all.extend(read);
+        }
+        check_passthrough("--kafka-config", &self.kafka_config, &owned)?;
+        all.extend(self.kafka_config.iter().cloned());
+        Ok(all)
+    }
+}
+
 /// A topic name Kafka accepts ([`crate::kafka::valid_topic_name`]), or an error naming `flag`.
 fn check_topic_name(flag: &str, name: &str) -> Result<(), Error> {
     if crate::kafka::valid_topic_name(name.as_bytes()) {
@@ -126,7 +176,15 @@ fn check_passthrough(
         let mut one = rdkafka::ClientConfig::new();
         one.set(key, value);
         if let Err(e) = one.create_native_config() {
-            return Err(Error::Config(format!("{flag}: {key}={value}: {e}")));
+            // librdkafka's message may quote the value.
+            let mut said = e.to_string();
+            if is_secret(key) && !value.is_empty() {
+                said = said.replace(value.as_str(), REDACTED);
+            }
+            return Err(Error::Config(format!(
+                "{flag}: {key}={}: {said}",
+                shown(key, value)
+            )));
         }
     }
     Ok(())
@@ -136,10 +194,33 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 100ms, 5s, 2m)"))
 }
 
-fn parse_key_value(s: &str) -> Result<(String, String), String> {
-    match s.split_once('=') {
-        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
-        _ => Err(format!("'{s}' is not key=value")),
+/// Parses `key=value`. A malformed value is not echoed back, as clap would: it may be a
+/// secret (`sasl.password:…` with the wrong separator, say).
+#[derive(Clone, Copy, Debug)]
+struct KeyValue;
+
+impl clap::builder::TypedValueParser for KeyValue {
+    type Value = (String, String);
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<(String, String), clap::Error> {
+        match value.to_str().and_then(|s| s.split_once('=')) {
+            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+            _ => {
+                let flag = arg.and_then(|a| a.get_long()).unwrap_or("a setting");
+                let message = format!(
+                    "--{flag}: a value is not KEY=VALUE (it is not shown: it may hold a secret)\n"
+                );
+                Err(
+                    clap::Error::raw(clap::error::ErrorKind::ValueValidation, message)
+                        .with_cmd(cmd),
+                )
+            }
+        }
     }
 }
 

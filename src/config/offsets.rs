@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 
-use super::{CONSUMER_OWNED, check_passthrough, check_topic_name, parse_duration, parse_key_value};
+use super::{
+    CONSUMER_OWNED, ClientArgs, KeyValue, check_passthrough, check_topic_name, parse_duration,
+};
 use crate::error::Error;
 use crate::kafka::Settings;
 
@@ -56,8 +58,12 @@ pub struct GroupArgs {
     ///
     /// The security and network settings `exactly run` has in its --consumer-config go here
     /// too.
-    #[arg(long, env = "EXACTLY_CONSUMER_CONFIG", value_name = "K=V", value_parser = parse_key_value, value_delimiter = ';')]
+    #[arg(long, env = "EXACTLY_CONSUMER_CONFIG", value_name = "K=V", value_parser = KeyValue, value_delimiter = ';', hide_env_values = true)]
     pub consumer_config: Vec<(String, String)>,
+
+    /// Settings for every Kafka client (security, network).
+    #[command(flatten)]
+    pub client: ClientArgs,
 
     /// Bound on each call to Kafka or the store.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
@@ -178,6 +184,7 @@ impl GroupArgs {
             kafka: Settings {
                 bootstrap_servers: self.bootstrap_servers.clone(),
                 client_id: "exactly-offsets".into(),
+                common: self.client.resolve()?,
                 consumer: self.consumer_config.clone(),
                 producer: Vec::new(),
             },

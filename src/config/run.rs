@@ -5,9 +5,9 @@ use std::time::Duration;
 use clap::Args;
 
 use super::{
-    CONSUMER_OWNED, CallArgs, LogFormat, OnError, PRODUCER_OWNED, TransformArgs, TransformConfig,
-    TransformSpec, check_passthrough, check_topic_name, parse_duration, parse_key_value,
-    parse_log_filter,
+    CONSUMER_OWNED, CallArgs, ClientArgs, KeyValue, LogFormat, OnError, PRODUCER_OWNED,
+    TransformArgs, TransformConfig, TransformSpec, check_passthrough, check_topic_name,
+    parse_duration, parse_log_filter,
 };
 use crate::error::Error;
 use crate::kafka::Settings;
@@ -101,14 +101,18 @@ pub struct RunArgs {
     #[arg(long, env = "EXACTLY_NO_LINEAGE")]
     pub no_lineage: bool,
 
+    /// Settings for every Kafka client (security, network).
+    #[command(flatten)]
+    pub client: ClientArgs,
+
     /// Extra librdkafka consumer setting, key=value (repeatable; in the environment, separate
     /// pairs with ';').
-    #[arg(long = "consumer-config", env = "EXACTLY_CONSUMER_CONFIG", value_name = "KEY=VALUE", value_delimiter = ';', value_parser = parse_key_value)]
+    #[arg(long = "consumer-config", env = "EXACTLY_CONSUMER_CONFIG", value_name = "KEY=VALUE", value_delimiter = ';', value_parser = KeyValue, hide_env_values = true)]
     pub consumer_config: Vec<(String, String)>,
 
     /// Extra librdkafka producer setting, key=value (repeatable; in the environment, separate
     /// pairs with ';').
-    #[arg(long = "producer-config", env = "EXACTLY_PRODUCER_CONFIG", value_name = "KEY=VALUE", value_delimiter = ';', value_parser = parse_key_value)]
+    #[arg(long = "producer-config", env = "EXACTLY_PRODUCER_CONFIG", value_name = "KEY=VALUE", value_delimiter = ';', value_parser = KeyValue, hide_env_values = true)]
     pub producer_config: Vec<(String, String)>,
 
     /// How long start-up may wait for the broker and the transaction coordinator.
@@ -345,6 +349,7 @@ impl RunArgs {
             kafka: Settings {
                 bootstrap_servers: self.bootstrap_servers,
                 client_id: format!("exactly-{instance_id}"),
+                common: self.client.resolve()?,
                 consumer: self.consumer_config,
                 producer: self.producer_config,
             },
@@ -590,6 +595,118 @@ mod tests {
         .unwrap();
         assert_eq!(c.kafka.consumer[1], ("debug".into(), "cgrp,topic".into()));
         assert_eq!(c.kafka.producer, vec![("linger.ms".into(), "20".into())]);
+    }
+
+    /// A properties file in a temp dir, removed when dropped.
+    struct PropertiesFile(std::path::PathBuf);
+
+    impl PropertiesFile {
+        fn new(text: &str) -> PropertiesFile {
+            static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let path = std::env::temp_dir().join(format!(
+                "exactly-config-test-{}-{n}.properties",
+                std::process::id()
+            ));
+            std::fs::write(&path, text).unwrap();
+            PropertiesFile(path)
+        }
+
+        fn arg(&self) -> &str {
+            self.0.to_str().unwrap()
+        }
+    }
+
+    impl Drop for PropertiesFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    #[test]
+    fn every_client_gets_the_file_then_the_flags() {
+        let file = PropertiesFile::new(
+            "# a mounted Secret\nsecurity.protocol = SASL_SSL\nsasl.mechanism: SCRAM-SHA-512\n\
+             sasl.username=exactly\nsasl.password=p\\u00e4ss w=rd\n",
+        );
+        let c = parse(&[
+            "--kafka-config-file",
+            file.arg(),
+            "--kafka-config",
+            "sasl.username=other",
+            "--consumer-config",
+            "session.timeout.ms=6000",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.kafka.common,
+            [
+                ("security.protocol", "SASL_SSL"),
+                ("sasl.mechanism", "SCRAM-SHA-512"),
+                ("sasl.username", "exactly"),
+                ("sasl.password", "p\u{e4}ss w=rd"),
+                ("sasl.username", "other"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+        );
+        // The flag comes after the file's key of the same name, so it wins.
+        let producer = c.kafka.to_rdkafka(crate::kafka::Role::Idempotent);
+        assert_eq!(producer.get("sasl.username"), Some("other"));
+        assert_eq!(producer.get("security.protocol"), Some("SASL_SSL"));
+    }
+
+    #[test]
+    fn a_bad_setting_for_every_client_names_its_source_and_hides_secrets() {
+        let e = parse(&["--kafka-config", "group.id=g2"]).unwrap_err();
+        assert!(
+            e.contains("--kafka-config") && e.contains("use --group-id"),
+            "{e}"
+        );
+        let e = parse(&["--kafka-config", "transactional.id=t"]).unwrap_err();
+        assert!(e.contains("use --transactional-id"), "{e}");
+        let e = parse(&["--kafka-config-file", "/nonexistent/client.properties"]).unwrap_err();
+        assert!(
+            e.contains("--kafka-config-file /nonexistent/client.properties"),
+            "{e}"
+        );
+        let file = PropertiesFile::new("sasl.username=a\nsasl.password=\\uZZZZ-s3cret\n");
+        let e = parse(&["--kafka-config-file", file.arg()]).unwrap_err();
+        assert!(e.contains("not a properties file at line 2"), "{e}");
+        assert!(!e.contains("s3cret"), "{e}");
+        // A Java client's JAAS line is no librdkafka key: refused, and not shown.
+        let jaas = "org.apache.kafka.common.security.scram.ScramLoginModule required \
+                    username=\"u\" password=\"s3cret\";";
+        let file = PropertiesFile::new(&format!("sasl.jaas.config={jaas}\n"));
+        let e = parse(&["--kafka-config-file", file.arg()]).unwrap_err();
+        assert!(e.contains("sasl.jaas.config=[redacted]"), "{e}");
+        assert!(!e.contains("s3cret"), "{e}");
+        // A malformed pair is not echoed: it may be a secret with the wrong separator.
+        let e = parse(&["--kafka-config", "sasl.password:s3cret"]).unwrap_err();
+        assert!(e.contains("--kafka-config") && !e.contains("s3cret"), "{e}");
+        let e = parse(&["--consumer-config", "ssl.key.password"]).unwrap_err();
+        assert!(e.contains("--consumer-config"), "{e}");
+    }
+
+    #[test]
+    fn help_never_shows_the_values_of_settings_from_the_environment() {
+        use clap::CommandFactory;
+        // SAFETY: no other test reads these variables (the tests of this crate parse
+        // arguments, never the environment, for every other option).
+        unsafe {
+            std::env::set_var("EXACTLY_KAFKA_CONFIG", "sasl.password=env-s3cret");
+            std::env::set_var("EXACTLY_CONSUMER_CONFIG", "ssl.key.password=env-s3cret");
+            std::env::set_var("EXACTLY_PRODUCER_CONFIG", "sasl.password=env-s3cret");
+        }
+        let mut cmd = Cli::command();
+        let run = cmd.find_subcommand_mut("run").unwrap();
+        let help = run.render_long_help().to_string();
+        unsafe {
+            std::env::remove_var("EXACTLY_KAFKA_CONFIG");
+            std::env::remove_var("EXACTLY_CONSUMER_CONFIG");
+            std::env::remove_var("EXACTLY_PRODUCER_CONFIG");
+        }
+        assert!(help.contains("EXACTLY_KAFKA_CONFIG"), "{help}");
+        assert!(!help.contains("s3cret"), "{help}");
     }
 
     #[test]

@@ -1,12 +1,17 @@
 //! Kafka clients, built in one place: one [`Settings`] object and one [`Role`] per client.
 //!
 //! Every client exactly creates (the pipeline's consumer and producer, the lag clients, the
-//! audit's readers) gets its librdkafka settings from [`Settings::to_rdkafka`], in one order:
-//! the role's defaults, then the user's passthrough keys (`--consumer-config`,
-//! `--producer-config`), then the keys the role fixes. A user can change a default
-//! (`auto.offset.reset`), never a fixed key (`isolation.level`). Start-up refuses the
-//! pipeline's fixed keys with the option to use instead; the few keys only the tools fix (the
-//! lag clients' `client.id`, the audit's `enable.partition.eof`) simply win.
+//! audit's readers, the offset tools) gets its librdkafka settings from
+//! [`Settings::to_rdkafka`], in one order: the role's defaults, then the user's settings for
+//! every client (`--kafka-config-file`, then `--kafka-config`: security, network), then the
+//! user's settings for the role (`--consumer-config`, `--producer-config`), then the keys the
+//! role fixes. A user can change a default (`auto.offset.reset`), never a fixed key
+//! (`isolation.level`). Start-up refuses the pipeline's fixed keys with the option to use
+//! instead; the few keys only the tools fix (the lag clients' `client.id`, the audit's
+//! `enable.partition.eof`) simply win.
+//!
+//! Secrets: [`is_secret`] is the one rule for which settings are never shown, and
+//! [`Settings`]' `Debug` follows it.
 //!
 //! A leaf: nothing here knows the rest of exactly. The librdkafka calls rust-rdkafka does not
 //! offer live behind small safe wrappers: [`produce`] (through topic handles), [`raw_headers`]
@@ -15,25 +20,107 @@
 pub mod produce;
 pub mod raw_headers;
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer;
 use rdkafka::topic_partition_list::TopicPartitionList;
 
 /// How to reach the cluster, and the user's extra librdkafka settings.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct Settings {
     /// `bootstrap.servers`.
     pub bootstrap_servers: String,
     /// `client.id` of the pipeline's clients (the lag clients add `-lag`).
     pub client_id: String,
-    /// Extra consumer settings (also used by every reading client: they carry security and
-    /// network settings).
+    /// Settings for every client (security, network), in the order they apply.
+    pub common: Vec<(String, String)>,
+    /// Extra consumer settings (also used by every reading client).
     pub consumer: Vec<(String, String)>,
     /// Extra producer settings.
     pub producer: Vec<(String, String)>,
+}
+
+/// Whether a setting's value is a secret, by its key: never logged, printed or shown in an
+/// error. Kafka's and librdkafka's secret keys all say so in their names
+/// (`sasl.password`, `ssl.key.password`, `ssl.key.pem`, `sasl.oauthbearer.client.secret`,
+/// `sasl.jaas.config`, tokens).
+pub fn is_secret(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    ["password", "secret", "sasl.jaas.config", "ssl.key", "token"]
+        .iter()
+        .any(|word| key.contains(word))
+}
+
+/// What a setting's value may be shown as.
+pub fn shown<'a>(key: &str, value: &'a str) -> &'a str {
+    if is_secret(key) { REDACTED } else { value }
+}
+
+/// What a secret is shown as.
+pub const REDACTED: &str = "[redacted]";
+
+/// Settings shown as `key=value` pairs, secrets redacted.
+struct Shown<'a>(&'a [(String, String)]);
+
+impl std::fmt::Debug for Shown<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(k, v)| format!("{k}={}", shown(k, v))))
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("client_id", &self.client_id)
+            .field("common", &Shown(&self.common))
+            .field("consumer", &Shown(&self.consumer))
+            .field("producer", &Shown(&self.producer))
+            .finish()
+    }
+}
+
+/// The cluster refusing a client: a wrong password, a certificate one side does not trust.
+/// librdkafka reports it to the client's error callback, once in 30 s, and keeps reconnecting
+/// for ever; whoever waits on the client asks here whether it is waiting in vain.
+#[derive(Debug, Default)]
+pub struct Refusal(Mutex<Option<String>>);
+
+impl Refusal {
+    /// Notes an error from a client's error callback if it is a refusal.
+    pub fn note(&self, error: &KafkaError, reason: &str) {
+        if let Some(code) = error.rdkafka_error_code()
+            && refuses(code, reason)
+        {
+            *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason.to_string());
+        }
+    }
+
+    /// The last refusal, in librdkafka's words.
+    pub fn get(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Whether an error of the client's connection means the cluster refuses it, which no
+/// reconnect changes: authentication failed, the TLS handshake failed, or the broker ended
+/// TLS with an alert (TLS 1.3 rejects a client certificate after the client's side of the
+/// handshake, so librdkafka sees the alert as a transport error).
+fn refuses(code: RDKafkaErrorCode, reason: &str) -> bool {
+    match code {
+        RDKafkaErrorCode::Authentication
+        | RDKafkaErrorCode::SaslAuthenticationFailed
+        | RDKafkaErrorCode::SSL => true,
+        RDKafkaErrorCode::BrokerTransportFailure => {
+            reason.contains("SSL") && reason.contains("alert")
+        }
+        _ => false,
+    }
 }
 
 /// Kafka's rule for a topic name: 1–249 bytes of `[a-zA-Z0-9._-]`, not `.` or `..`.
@@ -126,7 +213,7 @@ impl Settings {
                     ("auto.offset.reset", "earliest".into()),
                     (
                         "max.poll.interval.ms",
-                        max_poll_interval(poll_bound, &self.consumer),
+                        max_poll_interval(poll_bound, self.common.iter().chain(&self.consumer)),
                     ),
                 ]);
                 defaults.extend(PIPELINE_FETCH.map(|(k, v)| (k, v.to_string())));
@@ -189,7 +276,7 @@ impl Settings {
         for (k, v) in defaults {
             c.set(k, v);
         }
-        for (k, v) in user {
+        for (k, v) in self.common.iter().chain(user) {
             c.set(k, v);
         }
         for (k, v) in fixed {
@@ -233,11 +320,13 @@ const SESSION_TIMEOUT_MS: u128 = 45_000;
 /// unclean restart (its session timeout not armed again when the group loads), and a rejoin
 /// then waits the whole rebalance timeout: 5 minutes with librdkafka's default, the loop's
 /// bound here (RELIABILITY.md, "A rejoin that waited for a ghost").
-fn max_poll_interval(poll_bound: Duration, user: &[(String, String)]) -> String {
+fn max_poll_interval<'a>(
+    poll_bound: Duration,
+    user: impl Iterator<Item = &'a (String, String)>,
+) -> String {
     let session = user
-        .iter()
-        .rev()
-        .find(|(k, _)| k == "session.timeout.ms")
+        .filter(|(k, _)| k == "session.timeout.ms")
+        .last()
         .and_then(|(_, v)| v.trim().parse::<u128>().ok())
         .unwrap_or(SESSION_TIMEOUT_MS);
     poll_bound.as_millis().max(session).to_string()
@@ -298,9 +387,83 @@ mod tests {
         Settings {
             bootstrap_servers: "h:1".into(),
             client_id: "exactly-pod-0".into(),
+            common: Vec::new(),
             consumer: own(consumer),
             producer: own(producer),
         }
+    }
+
+    #[test]
+    fn every_client_gets_the_common_settings_and_its_role_overrides_them() {
+        let mut s = settings(&[("sasl.username", "reader")], &[("linger.ms", "20")]);
+        s.common = vec![
+            ("security.protocol".into(), "sasl_ssl".into()),
+            ("sasl.username".into(), "all".into()),
+            ("isolation.level".into(), "read_uncommitted".into()),
+            ("session.timeout.ms".into(), "90000".into()),
+        ];
+        let roles = [
+            pipeline(None),
+            Role::Transactional {
+                id: "t",
+                timeout: Duration::from_secs(60),
+            },
+            Role::Idempotent,
+            Role::EndOffsets {
+                isolation: Isolation::ReadCommitted,
+            },
+            Role::AuditReader {
+                isolation: Isolation::ReadUncommitted,
+            },
+            Role::GroupOffsets { group: "g" },
+        ];
+        for role in roles {
+            let cc = s.to_rdkafka(role);
+            assert_eq!(cc.get("security.protocol"), Some("sasl_ssl"), "{role:?}");
+        }
+        // The role's own keys come after the common ones, the fixed keys after both.
+        let consumer = s.to_rdkafka(pipeline(None));
+        assert_eq!(consumer.get("sasl.username"), Some("reader"));
+        assert_eq!(consumer.get("isolation.level"), Some("read_committed"));
+        // The common session timeout counts for the rebalance timeout too.
+        assert_eq!(consumer.get("max.poll.interval.ms"), Some("90000"));
+        let producer = s.to_rdkafka(Role::Idempotent);
+        assert_eq!(producer.get("sasl.username"), Some("all"));
+        assert_eq!(producer.get("linger.ms"), Some("20"));
+    }
+
+    #[test]
+    fn secrets_are_known_by_their_keys_and_never_shown() {
+        for key in [
+            "sasl.password",
+            "ssl.key.password",
+            "ssl.keystore.password",
+            "ssl.key.pem",
+            "ssl.key.location",
+            "sasl.oauthbearer.client.secret",
+            "sasl.jaas.config",
+            "sasl.oauthbearer.token.endpoint.url",
+            "SASL.PASSWORD",
+        ] {
+            assert!(is_secret(key), "{key}");
+        }
+        for key in [
+            "sasl.username",
+            "security.protocol",
+            "ssl.ca.location",
+            "linger.ms",
+        ] {
+            assert!(!is_secret(key), "{key}");
+        }
+        let mut s = settings(&[("ssl.key.password", "k-secret")], &[]);
+        s.common = vec![
+            ("sasl.username".into(), "alice".into()),
+            ("sasl.password".into(), "p-secret".into()),
+        ];
+        let shown = format!("{s:?}");
+        assert!(!shown.contains("secret"), "{shown}");
+        assert!(shown.contains("sasl.username=alice"), "{shown}");
+        assert!(shown.contains("sasl.password=[redacted]"), "{shown}");
     }
 
     fn pipeline(instance: Option<&str>) -> Role<'_> {

@@ -32,8 +32,12 @@ impl Batches {
 }
 
 impl Sink for Batches {
-    fn connect(&mut self, _calls: &Calls) -> Result<(), KafkaError> {
-        self.connection.connect(|_| Ok(()))
+    fn connect(&mut self, calls: &Calls) -> Result<(), KafkaError> {
+        self.connection.connect(calls.timeout(), |_| Ok(()))
+    }
+
+    fn refused(&self) -> Option<String> {
+        self.connection.refused()
     }
 
     /// A batch, not a transaction: failures of earlier batches are settled already.

@@ -104,6 +104,9 @@ pub fn start(
                 });
             }
             Err(e) => {
+                if let Some(reason) = sink.refused() {
+                    return Err(Error::Refused(reason));
+                }
                 if classify(Call::Init, &Facts::of(&e)) == Action::Exit {
                     return Err(unrecoverable("initialising transactions", e));
                 }
@@ -612,6 +615,9 @@ impl Driver {
                     return Ok(());
                 }
                 Err(e) => {
+                    if let Some(reason) = self.sink.refused() {
+                        return Err(Error::Refused(reason));
+                    }
                     if classify(Call::Init, &Facts::of(&e)) == Action::Exit {
                         return Err(unrecoverable("recreating the producer", e));
                     }

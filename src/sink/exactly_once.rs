@@ -2,7 +2,7 @@
 //! transaction (`send_offsets_to_transaction` with the group's metadata), so a crash, restart
 //! or rebalance can neither lose a record nor duplicate one.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer;
@@ -40,10 +40,17 @@ impl Transactions {
 
 impl Sink for Transactions {
     fn connect(&mut self, calls: &Calls) -> Result<(), KafkaError> {
-        self.connection.connect(|p| {
+        // One bound for reaching the cluster and initialising, together.
+        let (began, timeout) = (Instant::now(), calls.timeout());
+        self.connection.connect(timeout, |p| {
             let _g = calls.health.in_call("init_transactions");
-            p.inner().init_transactions(calls.timeout())
+            p.inner()
+                .init_transactions(timeout.saturating_sub(began.elapsed()))
         })
+    }
+
+    fn refused(&self) -> Option<String> {
+        self.connection.refused()
     }
 
     fn begin(&mut self, calls: &Calls) -> Result<(), Failed> {

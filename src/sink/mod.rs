@@ -61,6 +61,9 @@ pub trait Sink: Send {
     /// (Re)creates the client, fencing earlier incarnations. Called at start and after
     /// [`Failed::Recreate`].
     fn connect(&mut self, calls: &Calls) -> Result<(), KafkaError>;
+    /// Why the cluster refused the client `connect` made, if it did: a wrong password, an
+    /// untrusted certificate. Nothing a retry fixes.
+    fn refused(&self) -> Option<String>;
     /// Opens a unit of work.
     fn begin(&mut self, calls: &Calls) -> Result<(), Failed>;
     /// Sends one record inside the open unit.

@@ -1,24 +1,27 @@
 //! The librdkafka producer both Kafka sinks send through: delivery reports, the rejections
 //! among them, a send that waits while the local queue is full, and the flush.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryResult, Producer, ProducerContext, ThreadedProducer};
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
 
 use super::{Calls, Failed, Record};
 use crate::error::{Action, Call, Facts, classify, rejected_record};
 use crate::events::AbortReason;
+use crate::kafka::Refusal;
 
 /// A Kafka sink's producer: its settings, and the producer once connected.
 pub struct Connection {
     config: ClientConfig,
     producer: Option<KafkaProducer>,
+    /// What the cluster said when it last refused a producer of this connection.
+    refusal: Arc<Refusal>,
 }
 
 impl Connection {
@@ -27,19 +30,29 @@ impl Connection {
         Connection {
             config,
             producer: None,
+            refusal: Arc::default(),
         }
     }
 
-    /// A new producer, which replaces the old one once `init` accepted it (the old one stays
-    /// if anything fails).
+    /// A new producer, which replaces the old one once the cluster accepted it and `init`
+    /// succeeded (the old one stays if anything fails). Waits up to `timeout` for the
+    /// cluster, and gives up at once if it refuses the producer ([`Connection::refused`]).
     pub fn connect(
         &mut self,
+        timeout: Duration,
         init: impl FnOnce(&KafkaProducer) -> Result<(), KafkaError>,
     ) -> Result<(), KafkaError> {
-        let producer = KafkaProducer::create(&self.config)?;
+        self.refusal = Arc::default();
+        let producer = KafkaProducer::create(&self.config, self.refusal.clone())?;
+        producer.reach_cluster(timeout, &self.refusal)?;
         init(&producer)?;
         self.producer = Some(producer);
         Ok(())
+    }
+
+    /// Why the cluster refused the last producer, if it did (no retry changes that).
+    pub fn refused(&self) -> Option<String> {
+        self.refusal.get()
     }
 
     /// The producer.
@@ -58,8 +71,9 @@ pub struct KafkaProducer(crate::kafka::produce::Producer<DeliveryContext>);
 /// abortable error; without one (at-least-once) the sink counts failures itself and does not
 /// commit offsets past a batch that had any. Deliveries the broker rejected for what the record
 /// is are kept by their opaque, the record's index in the driver's `SentLog`.
-#[derive(Default)]
 pub struct DeliveryContext {
+    /// Where the client's refusals go.
+    refusal: Arc<Refusal>,
     /// Records sent and not yet reported.
     pending: AtomicU64,
     /// Failed deliveries since the batch began.
@@ -68,7 +82,12 @@ pub struct DeliveryContext {
     rejections: Mutex<Vec<(usize, RDKafkaErrorCode)>>,
 }
 
-impl ClientContext for DeliveryContext {}
+impl ClientContext for DeliveryContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        self.refusal.note(&error, reason);
+        error!("librdkafka: {error}: {reason}");
+    }
+}
 
 impl ProducerContext for DeliveryContext {
     type DeliveryOpaque = usize;
@@ -93,10 +112,41 @@ impl ProducerContext for DeliveryContext {
 
 impl KafkaProducer {
     /// A producer with `config` (not yet transactional: see `init_transactions`).
-    pub fn create(config: &ClientConfig) -> Result<KafkaProducer, KafkaError> {
-        let inner: ThreadedProducer<DeliveryContext> =
-            config.create_with_context(DeliveryContext::default())?;
+    pub fn create(
+        config: &ClientConfig,
+        refusal: Arc<Refusal>,
+    ) -> Result<KafkaProducer, KafkaError> {
+        let context = DeliveryContext {
+            refusal,
+            pending: AtomicU64::default(),
+            failed: AtomicU64::default(),
+            rejections: Mutex::default(),
+        };
+        let inner: ThreadedProducer<DeliveryContext> = config.create_with_context(context)?;
         Ok(KafkaProducer(crate::kafka::produce::Producer::new(inner)))
+    }
+
+    /// Waits until the cluster answers (a metadata request), up to `timeout`; returns at once
+    /// when it refuses this client, instead of waiting out the timeout while librdkafka
+    /// reconnects (the caller asks [`Connection::refused`] why).
+    fn reach_cluster(&self, timeout: Duration, refusal: &Refusal) -> Result<(), KafkaError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if refusal.get().is_some() {
+                return Err(KafkaError::Global(RDKafkaErrorCode::Authentication));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            // Any topic will do: a metadata answer means connected and authenticated, even
+            // one that says the topic may not be described.
+            match self.inner().client().fetch_metadata(
+                Some("__consumer_offsets"),
+                left.min(Duration::from_millis(500)),
+            ) {
+                Ok(_) => return Ok(()),
+                Err(e) if left.is_zero() => return Err(e),
+                Err(_) => {}
+            }
+        }
     }
 
     /// The rust-rdkafka producer, for its transactional calls.
@@ -211,12 +261,19 @@ impl KafkaProducer {
             .is_empty()
     }
 
-    /// Whether `topic` exists, as the cluster's metadata says.
+    /// Whether `topic` exists, as the cluster's metadata says. A topic we may not describe
+    /// is an error (Kafka does not say whether it exists then).
     pub fn topic_exists(&self, topic: &str, timeout: Duration) -> Result<bool, KafkaError> {
         let md = self.inner().client().fetch_metadata(Some(topic), timeout)?;
-        Ok(md
-            .topics()
-            .iter()
-            .any(|t| t.name() == topic && t.error().is_none()))
+        let Some(t) = md.topics().iter().find(|t| t.name() == topic) else {
+            return Ok(false);
+        };
+        match t.error().map(RDKafkaErrorCode::from) {
+            None => Ok(true),
+            Some(RDKafkaErrorCode::TopicAuthorizationFailed) => Err(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::TopicAuthorizationFailed,
+            )),
+            Some(_) => Ok(false),
+        }
     }
 }
