@@ -6,13 +6,23 @@
 #   scripts/kafka.sh stop       stop it (SIGTERM, then SIGKILL after 30 s)
 #   scripts/kafka.sh kill       SIGKILL it (fault tests)
 #   scripts/kafka.sh status     exit 0 when running and serving
-#   scripts/kafka.sh bootstrap  print host:port of the running broker
+#   scripts/kafka.sh bootstrap  print host:port of the running broker (PLAINTEXT)
+#   scripts/kafka.sh security   print the path of security.json: the secured listeners, their
+#                               users, passwords and certificates (tests/secure.rs)
 #   scripts/kafka.sh reset      stop and delete its data
 #   scripts/kafka.sh tool CLASS ARGS…  run a Kafka tool from the same jars, e.g.
 #       scripts/kafka.sh tool org.apache.kafka.tools.TopicCommand --bootstrap-server … --list
 #
 # start, stop and fetch are idempotent. Ports are picked free at first start and kept, so a
 # restarted broker (fault tests) comes back where clients expect it.
+#
+# Besides PLAINTEXT (no authentication: User:ANONYMOUS, a super user, which every test but the
+# security tests uses) the broker has two secured listeners, with ACLs enforced there by KRaft's
+# StandardAuthorizer:
+#   SASL_SSL  SCRAM-SHA-512 users, created when the storage is formatted
+#   SSL       client certificates required (mTLS); the certificate's CN is the principal
+# A throwaway CA and the certificates (broker, clients, an expired one, one from another CA)
+# are made with openssl at the first start, under <run>/tls.
 #
 # Environment:
 #   EXACTLY_KAFKA_DIR    run directory (data, logs, pid, port)   default: <repo>/.kafka
@@ -61,21 +71,109 @@ jvm=(java -Xms256m -Xmx"$heap" -XX:+UseG1GC -Djava.awt.headless=true
   -Dorg.slf4j.simpleLogger.showDateTime=true
   -cp "$jars/*")
 
+# The principals of the security tests: two allowed everything exactly needs (one by password,
+# one by certificate), and one per permission that lacks just that one (see acls).
+users=(exactly no-input-read no-group-read no-output-write no-dlq-write no-txn-write)
+
+# certs DIR: a CA; the broker's certificate (127.0.0.1); client certificates for exactly-mtls
+# (good, expired) and one from a CA the broker does not know.
+certs() {
+  local d=$1
+  mkdir -p "$d"
+  (
+    cd "$d"
+    ca() { # NAME: a self-signed CA
+      openssl req -x509 -newkey rsa:2048 -nodes -keyout "$1.key" -out "$1.crt" -days 3650 \
+        -subj "/CN=exactly test $1" -addext basicConstraints=critical,CA:TRUE \
+        -addext keyUsage=critical,keyCertSign,cRLSign 2>/dev/null
+    }
+    csr() { # NAME CN
+      openssl req -newkey rsa:2048 -nodes -keyout "$1.key" -out "$1.csr" -subj "/CN=$2" 2>/dev/null
+    }
+    ca ca
+    ca other-ca
+    csr broker localhost
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n' >broker.ext
+    openssl x509 -req -in broker.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+      -sha256 -extfile broker.ext -out broker.crt 2>/dev/null
+    cat broker.key broker.crt ca.crt >broker.pem
+    printf 'extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n' >client.ext
+    csr client exactly-mtls
+    openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+      -sha256 -extfile client.ext -out client.crt 2>/dev/null
+    # The operator's certificate (User:admin, a super user): the audit over mTLS.
+    csr admin admin
+    openssl x509 -req -in admin.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+      -sha256 -extfile client.ext -out admin.crt 2>/dev/null
+    csr stranger exactly-mtls
+    openssl x509 -req -in stranger.csr -CA other-ca.crt -CAkey other-ca.key -CAcreateserial \
+      -days 3650 -sha256 -extfile client.ext -out stranger.crt 2>/dev/null
+    # Expired: OpenSSL 3.0's x509 cannot date a certificate in the past; `openssl ca` can.
+    mkdir -p cadb
+    : >cadb/index.txt
+    echo 1000 >cadb/serial
+    cat >ca.cnf <<'CNF'
+[ca]
+default_ca = CA_default
+[CA_default]
+dir = ./cadb
+database = $dir/index.txt
+serial = $dir/serial
+new_certs_dir = $dir
+certificate = ./ca.crt
+private_key = ./ca.key
+default_md = sha256
+policy = any
+unique_subject = no
+[any]
+commonName = supplied
+[client_ext]
+basicConstraints = CA:FALSE
+extendedKeyUsage = clientAuth
+CNF
+    csr expired exactly-mtls
+    openssl ca -batch -config ca.cnf -extensions client_ext -startdate 20200101000000Z \
+      -enddate 20200102000000Z -in expired.csr -out expired.crt -notext 2>/dev/null
+    rm -f ./*.csr ./*.ext
+  )
+}
+
 configure() {
   mkdir -p "$run/data"
-  local port cport
+  local port cport sport mport
   port=$(free_port)
   cport=$(free_port)
-  while [ "$cport" = "$port" ]; do cport=$(free_port); done
+  sport=$(free_port)
+  mport=$(free_port)
+  while [ "$(printf '%s\n' "$port" "$cport" "$sport" "$mport" | sort -u | wc -l)" != 4 ]; do
+    cport=$(free_port)
+    sport=$(free_port)
+    mport=$(free_port)
+  done
+  certs "$run/tls"
+  local tls=$run/tls
   cat >"$run/server.properties" <<EOF
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$cport
 controller.listener.names=CONTROLLER
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport,SASL_SSL://127.0.0.1:$sport,SSL://127.0.0.1:$mport
+advertised.listeners=PLAINTEXT://127.0.0.1:$port,SASL_SSL://127.0.0.1:$sport,SSL://127.0.0.1:$mport
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL,SSL:SSL
+# The secured listeners (the security tests). The broker and controller talk over PLAINTEXT as
+# User:ANONYMOUS, which must be a super user for the authorizer to let the node run.
+sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+ssl.keystore.type=PEM
+ssl.keystore.location=$tls/broker.pem
+ssl.truststore.type=PEM
+ssl.truststore.location=$tls/ca.crt
+listener.name.ssl.ssl.client.auth=required
+ssl.principal.mapping.rules=RULE:^CN=([^,]+).*\$/\$1/,DEFAULT
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:ANONYMOUS;User:admin
+allow.everyone.if.no.acl.found=false
 log.dirs=$run/data
 num.partitions=1
 auto.create.topics.enable=false
@@ -100,15 +198,74 @@ transaction.abort.timed.out.transaction.cleanup.interval.ms=5000
 log.retention.check.interval.ms=60000
 EOF
   echo "$port" >"$run/port"
+  # A password per user, new for each broker directory.
+  local scram=() name
+  python3 - "$run" "$sport" "$mport" "${users[@]}" admin <<'PY'
+import json, secrets, sys
+run, sport, mport, names = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+tls = f"{run}/tls"
+json.dump({
+    "sasl_ssl": f"127.0.0.1:{sport}",
+    "ssl": f"127.0.0.1:{mport}",
+    "passwords": {n: f"{n}-pw-{secrets.token_hex(8)}" for n in names},
+    "ca": f"{tls}/ca.crt", "other_ca": f"{tls}/other-ca.crt",
+    "client": {"cert": f"{tls}/client.crt", "key": f"{tls}/client.key"},
+    "admin": {"cert": f"{tls}/admin.crt", "key": f"{tls}/admin.key"},
+    "expired": {"cert": f"{tls}/expired.crt", "key": f"{tls}/expired.key"},
+    "stranger": {"cert": f"{tls}/stranger.crt", "key": f"{tls}/stranger.key"},
+}, open(f"{run}/security.json", "w"), indent=1)
+PY
+  for name in "${users[@]}" admin; do
+    scram+=(--add-scram "SCRAM-SHA-512=[name=$name,password=$(password "$name")]")
+  done
   local cluster
   cluster=$(python3 -c 'import base64,uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
   "${jvm[@]}" kafka.tools.StorageTool format -t "$cluster" -c "$run/server.properties" \
-    >"$run/format.log" 2>&1 || { cat "$run/format.log" >&2; return 1; }
+    "${scram[@]}" >"$run/format.log" 2>&1 || { cat "$run/format.log" >&2; return 1; }
+}
+
+password() {
+  python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["passwords"][sys.argv[2]])' \
+    "$run/security.json" "$1"
+}
+
+# The ACLs of the security tests' principals, by prefix: inputs sec-in-*, outputs sec-out-*,
+# dead letters sec-dlq-*, groups and transactional ids sec-*. Each no-<permission> user has
+# everything but that one. Created once, after the first start (they live in the metadata log).
+acls() {
+  [ -f "$run/acls.done" ] && return 0
+  log "creating the security tests' ACLs"
+  local bootstrap all=(exactly exactly-mtls no-input-read no-group-read no-output-write no-dlq-write no-txn-write)
+  bootstrap="127.0.0.1:$(cat "$run/port")"
+  grant() { # LACKING RESOURCE-ARGS... : allow every principal but LACKING
+    local lacking=$1 p args=()
+    shift
+    for p in "${all[@]}"; do
+      [ "$p" = "$lacking" ] || args+=(--allow-principal "User:$p")
+    done
+    "${jvm[@]}" -Dorg.slf4j.simpleLogger.defaultLogLevel=warn org.apache.kafka.tools.AclCommand \
+      --bootstrap-server "$bootstrap" --add --resource-pattern-type prefixed "${args[@]}" "$@" \
+      >>"$run/acls.log" 2>&1 || { tail -20 "$run/acls.log" >&2; return 1; }
+  }
+  # Everyone may describe every sec- topic and transactional id, so each missing permission
+  # is met where it is used (fetch, produce, init), not hidden behind a metadata error.
+  grant "" --topic sec- --operation Describe
+  grant "" --transactional-id sec- --operation Describe
+  grant no-input-read --topic sec-in- --operation Read
+  grant no-output-write --topic sec-out- --operation Write
+  grant no-dlq-write --topic sec-dlq- --operation Write
+  grant no-group-read --group sec- --operation Read
+  grant no-txn-write --transactional-id sec- --operation Write
+  touch "$run/acls.done"
 }
 
 start() {
   if serving; then return 0; fi
   fetch
+  if [ -f "$run/server.properties" ] && ! grep -q '^sasl.enabled.mechanisms' "$run/server.properties"; then
+    log "$run was formatted without the secured listeners: formatting it again"
+    rm -rf "$run"
+  fi
   if [ ! -f "$run/server.properties" ]; then configure; fi
   log "starting Apache Kafka $version on 127.0.0.1:$(cat "$run/port") (logs: $run/broker.log)"
   local mark
@@ -137,6 +294,7 @@ start() {
     fi
     sleep 0.5
   done
+  acls
   log "ready: bootstrap 127.0.0.1:$(cat "$run/port")"
 }
 
@@ -165,6 +323,10 @@ case "${1:-}" in
     rm -f "$run/pid"
     ;;
   status) serving ;;
+  security)
+    serving || { log "not running (scripts/kafka.sh start)"; exit 1; }
+    echo "$run/security.json"
+    ;;
   bootstrap)
     serving || { log "not running (scripts/kafka.sh start)"; exit 1; }
     echo "127.0.0.1:$(cat "$run/port")"
@@ -179,7 +341,7 @@ case "${1:-}" in
     rm -rf "$run"
     ;;
   *)
-    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

@@ -44,7 +44,9 @@ else
 fi
 
 EXACTLY_TEST_BOOTSTRAP=$(scripts/kafka.sh bootstrap)
-export EXACTLY_TEST_BOOTSTRAP
+# The secured listeners, users and certificates (tests/secure.rs).
+EXACTLY_TEST_SECURITY=$(scripts/kafka.sh security)
+export EXACTLY_TEST_BOOTSTRAP EXACTLY_TEST_SECURITY
 echo "test.sh: broker at $EXACTLY_TEST_BOOTSTRAP"
 # No arguments: every test. With arguments (e.g. --test exactly_once): only those.
 if [ $# -eq 0 ]; then

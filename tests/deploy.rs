@@ -267,6 +267,55 @@ fn the_kubernetes_examples_probe_and_wait_for_the_shutdown() {
     assert!(url.starts_with("http://127.0.0.1:8080/"), "{url}");
 }
 
+#[test]
+fn the_sidecar_example_reads_its_credentials_from_a_mounted_secret() {
+    let docs = yaml("docker/kubernetes/exactly-sidecar.yaml");
+    let secret = docs.iter().find(|d| d["kind"] == "Secret").unwrap();
+    let config = docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap();
+    let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    let spec = &deployment["spec"]["template"]["spec"];
+    let volume = spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["secret"]["secretName"] == secret["metadata"]["name"])
+        .expect("a volume of the Secret");
+    let sidecar = &spec["initContainers"][0];
+    let mount = sidecar["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == volume["name"])
+        .expect("the sidecar mounts it");
+    assert_eq!(mount["readOnly"], true);
+    // The file exactly reads is a key of the Secret, under the mount.
+    let file = config["data"]["EXACTLY_KAFKA_CONFIG_FILE"]
+        .as_str()
+        .unwrap();
+    let dir = mount["mountPath"].as_str().unwrap();
+    let name = file
+        .strip_prefix(&format!("{dir}/"))
+        .expect("under the mount");
+    let properties = secret["stringData"][name]
+        .as_str()
+        .expect("a key of the Secret");
+    // Only the Secret holds the password: not the ConfigMap, not the container's env.
+    assert!(properties.contains("sasl.password="));
+    let elsewhere = format!("{config}{sidecar}");
+    assert!(!elsewhere.contains("sasl.password"), "{elsewhere}");
+    // Every path the properties name is in the mount too.
+    for line in properties.lines().filter(|l| l.contains(".location=")) {
+        let path = line.split_once('=').unwrap().1;
+        let key = path
+            .strip_prefix(&format!("{dir}/"))
+            .expect("under the mount");
+        assert!(
+            secret["stringData"][key].is_string(),
+            "{key} is not in the Secret"
+        );
+    }
+}
+
 fn check_kubernetes_example(path: &str) {
     let docs = yaml(path);
     let config = docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap();

@@ -1,0 +1,455 @@
+//! Secured clusters: the test broker's SASL_SSL listener (SCRAM-SHA-512) and SSL listener
+//! (client certificates), with ACLs enforced by KRaft's StandardAuthorizer (scripts/kafka.sh
+//! makes the CA, the certificates, the users and the ACLs).
+//!
+//! exactly-once holds over both (kill -9 mid-stream, restart), the lag gauges and `exactly
+//! audit` work over them; a wrong password or certificate stops exactly at once with the
+//! cause; each missing permission stops it naming the permission, with no partial output; and
+//! no secret appears in anything a run writes.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+#[derive(Debug, Deserialize)]
+struct Pair {
+    cert: String,
+    key: String,
+}
+
+/// The broker's secured listeners, users and certificates (`scripts/kafka.sh security`).
+#[derive(Debug, Deserialize)]
+struct Security {
+    sasl_ssl: String,
+    ssl: String,
+    passwords: HashMap<String, String>,
+    ca: String,
+    other_ca: String,
+    client: Pair,
+    admin: Pair,
+    expired: Pair,
+    stranger: Pair,
+}
+
+fn security() -> Security {
+    let path = match std::env::var("EXACTLY_TEST_SECURITY") {
+        Ok(p) => p,
+        Err(_) => {
+            bootstrap();
+            let out = Command::new(repo().join("scripts/kafka.sh"))
+                .arg("security")
+                .output()
+                .unwrap();
+            String::from_utf8(out.stdout).unwrap().trim().to_string()
+        }
+    };
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+/// A client's settings, for `--kafka-config` or a properties file.
+type Settings = Vec<(String, String)>;
+
+fn scram(s: &Security, user: &str, password: &str) -> Settings {
+    [
+        ("security.protocol", "SASL_SSL"),
+        ("sasl.mechanism", "SCRAM-SHA-512"),
+        ("sasl.username", user),
+        ("sasl.password", password),
+        ("ssl.ca.location", &s.ca),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .to_vec()
+}
+
+fn user(s: &Security, user: &str) -> Settings {
+    scram(s, user, &s.passwords[user])
+}
+
+fn mtls(ca: &str, pair: &Pair) -> Settings {
+    [
+        ("security.protocol", "SSL"),
+        ("ssl.ca.location", ca),
+        ("ssl.certificate.location", &pair.cert),
+        ("ssl.key.location", &pair.key),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .to_vec()
+}
+
+/// A properties file (the way a mounted Secret holds them), removed when dropped.
+struct PropertiesFile(PathBuf);
+
+impl PropertiesFile {
+    fn new(settings: &Settings) -> PropertiesFile {
+        let path = std::env::temp_dir().join(format!("{}.properties", unique("exactly-secure")));
+        let text: String = settings.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+        std::fs::write(&path, text).unwrap();
+        PropertiesFile(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for PropertiesFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Topics named for the ACLs: inputs `sec-in-*`, outputs `sec-out-*`, dead letters
+/// `sec-dlq-*` (created over the plaintext listener, as an administrator would).
+fn secured_topics(name: &str) -> Topics {
+    let topics = Topics {
+        input: unique(&format!("sec-in-{name}")),
+        output: unique(&format!("sec-out-{name}")),
+        dlq: unique(&format!("sec-dlq-{name}")),
+    };
+    create_topics(&[(&topics.input, 3), (&topics.output, 3), (&topics.dlq, 1)]);
+    topics
+}
+
+/// `exactly run` against `listener`, with the settings in a properties file.
+fn args(
+    topics: &Topics,
+    group: &str,
+    instance: &str,
+    listener: &str,
+    file: &PropertiesFile,
+) -> Vec<String> {
+    let mut args = base_args(topics, group, instance);
+    let at = args
+        .iter()
+        .position(|a| a == "--bootstrap-servers")
+        .unwrap();
+    args[at + 1] = listener.to_string();
+    args.extend(
+        [
+            "--dlq-topic",
+            &topics.dlq,
+            "--kafka-config-file",
+            file.path(),
+            "--jq",
+            DOUBLE,
+            "--static-membership",
+            "--startup-timeout",
+            "30s",
+        ]
+        .map(String::from),
+    );
+    args
+}
+
+const DOUBLE: &str = "{id, doubled: (.n * 2)}";
+
+fn doubled(v: &Value) -> Vec<Value> {
+    vec![json!({"id": v["id"], "doubled": v["n"].as_i64().unwrap() * 2})]
+}
+
+/// Every password and private key of the test broker: none may appear in what a run writes.
+fn assert_no_secret(s: &Security, what: &str, text: &str) {
+    for (user, password) in &s.passwords {
+        assert!(
+            !text.contains(password.as_str()),
+            "{user}'s password in {what}:\n{text}"
+        );
+    }
+    for pair in [&s.client, &s.admin, &s.expired, &s.stranger] {
+        let key = std::fs::read_to_string(&pair.key).unwrap();
+        let body = key.lines().nth(1).unwrap();
+        assert!(!text.contains(body), "a private key in {what}");
+    }
+}
+
+/// kill -9 mid-stream and a restart, over a secured listener: nothing lost or duplicated; the
+/// lag gauges and the audit work over the same listener.
+fn exactly_once_over(name: &str, listener: &str, settings: &Settings, s: &Security) {
+    let topics = secured_topics(name);
+    let group = unique("sec-g");
+    let total = 20_000;
+    produce(&topics.input, &numbered(total, 3));
+    let file = PropertiesFile::new(settings);
+
+    let run = args(&topics, &group, &format!("sec-{name}-0"), listener, &file);
+    let mut first = Exactly::start(&run);
+    let at_kill = wait_committed_at_least(&group, &topics.input, 1, Duration::from_secs(60));
+    first.kill9();
+    assert!(
+        at_kill < total as i64,
+        "the kill came after the end ({at_kill})"
+    );
+    let first_log = first.log_text();
+
+    let second = Exactly::start(&run);
+    wait_all_committed(&group, &topics.input, Duration::from_secs(120));
+    // The lag gauges read the input's offsets over the same listener: 0 left on every
+    // partition once everything is committed.
+    let addr = http_addr(&second);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let metrics = loop {
+        let (_, text) = get(&addr, "/metrics").unwrap();
+        let lags = samples(
+            &text,
+            "exactly_consumer_lag_records",
+            &[("topic", &topics.input)],
+        );
+        if lags.len() == 3 && lags.iter().all(|l| *l == 0.0) {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "lag gauges never showed 0 on 3 partitions:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    second.signal(nix::sys::signal::Signal::SIGTERM);
+    let mut second = second;
+    assert!(
+        second.wait(Duration::from_secs(15)).success(),
+        "{}",
+        second.log_text()
+    );
+
+    let outputs = read_all(&topics.output, "read_committed");
+    let checked = assert_exactly_once(&outputs, &expected_outputs(&topics.input, doubled));
+    assert_eq!(checked, total);
+
+    // The audit, as an operator with their own account on the same listener.
+    let admin = PropertiesFile::new(&match settings[0].1.as_str() {
+        "SASL_SSL" => user(s, "admin"),
+        _ => mtls(&s.ca, &s.admin),
+    });
+    let (code, report) = audit_json(&[
+        "--bootstrap-servers",
+        listener,
+        "--kafka-config-file",
+        admin.path(),
+        "--input-topics",
+        &topics.input,
+        "--output-topic",
+        &topics.output,
+        "--dlq-topic",
+        &topics.dlq,
+        "--group-id",
+        &group,
+        "--jq",
+        DOUBLE,
+    ]);
+    assert_eq!(code, 0, "{report:#}");
+    for (what, text) in [
+        ("the first run's log", first_log.as_str()),
+        ("the second run's log", &second.log_text()),
+        ("/metrics", &metrics),
+        ("the audit report", &report.to_string()),
+    ] {
+        assert_no_secret(s, what, text);
+    }
+    eprintln!(
+        "{name}: {checked} outputs exactly once across a kill -9 (committed {at_kill} before it)"
+    );
+}
+
+#[test]
+fn exactly_once_over_sasl_ssl_with_scram() {
+    let s = security();
+    exactly_once_over("scram", &s.sasl_ssl, &user(&s, "exactly"), &s);
+}
+
+#[test]
+fn exactly_once_over_mtls() {
+    let s = security();
+    exactly_once_over("mtls", &s.ssl, &mtls(&s.ca, &s.client), &s);
+}
+
+/// Runs exactly with `settings` against `listener` until it exits; returns (exit code, time,
+/// log).
+fn refused(
+    name: &str,
+    listener: &str,
+    settings: &Settings,
+) -> (Option<i32>, Duration, String, Topics) {
+    let topics = secured_topics(name);
+    produce(&topics.input, &numbered(30, 3));
+    let file = PropertiesFile::new(settings);
+    let run = args(
+        &topics,
+        &unique("sec-g"),
+        &format!("sec-{name}"),
+        listener,
+        &file,
+    );
+    let started = Instant::now();
+    let mut ex = Exactly::start(&run);
+    let status = ex.wait(Duration::from_secs(60));
+    (status.code(), started.elapsed(), ex.log_text(), topics)
+}
+
+#[test]
+fn a_wrong_password_or_certificate_stops_at_once_naming_the_cause() {
+    let s = security();
+    let cases = [
+        (
+            "wrong-password",
+            s.sasl_ssl.as_str(),
+            scram(&s, "exactly", "not-the-password"),
+            "Authentication failed",
+        ),
+        (
+            "unknown-ca",
+            &s.sasl_ssl,
+            {
+                let mut c = user(&s, "exactly");
+                c[4].1 = s.other_ca.clone();
+                c
+            },
+            "certificate verify failed",
+        ),
+        (
+            "unknown-ca-mtls",
+            &s.ssl,
+            mtls(&s.other_ca, &s.client),
+            "certificate verify failed",
+        ),
+        ("expired-cert", &s.ssl, mtls(&s.ca, &s.expired), "alert"),
+        ("stranger-cert", &s.ssl, mtls(&s.ca, &s.stranger), "alert"),
+    ];
+    for (name, listener, settings, cause) in cases {
+        let (code, took, log, topics) = refused(name, listener, &settings);
+        assert_eq!(code, Some(1), "{name}: {log}");
+        // Well within --startup-timeout (30 s): no waiting it out, no retry loop.
+        assert!(
+            took < Duration::from_secs(20),
+            "{name}: took {took:?}\n{log}"
+        );
+        let last = log.lines().last().unwrap_or("");
+        assert!(
+            last.contains("refused the connection") && last.contains(cause),
+            "{name}: {last}"
+        );
+        assert!(
+            read_all(&topics.output, "read_uncommitted").is_empty(),
+            "{name}"
+        );
+        assert_no_secret(&s, name, &log);
+        eprintln!("{name}: exit 1 in {took:.1?}: {last}");
+    }
+}
+
+#[test]
+fn each_missing_permission_stops_exactly_naming_it_with_no_partial_output() {
+    let s = security();
+    let cases = [
+        ("no-input-read", "Topic authorization failed"),
+        ("no-group-read", "Group authorization failed"),
+        ("no-output-write", "Topic authorization failed"),
+        ("no-dlq-write", "Topic authorization failed"),
+        ("no-txn-write", "Transactional Id authorization failed"),
+    ];
+    for (principal, cause) in cases {
+        let topics = secured_topics(principal);
+        let group = unique("sec-g");
+        // Good records and one that goes to the dead-letter topic.
+        let mut records = numbered(300, 3);
+        records.push(In::raw(1, "bad", b"not JSON"));
+        produce(&topics.input, &records);
+        let file = PropertiesFile::new(&user(&s, principal));
+        let run = args(&topics, &group, principal, &s.sasl_ssl, &file);
+        let started = Instant::now();
+        let mut ex = Exactly::start(&run);
+        let status = ex.wait(Duration::from_secs(90));
+        let log = ex.log_text();
+        assert_eq!(status.code(), Some(1), "{principal}: {log}");
+        let last = log.lines().last().unwrap_or("");
+        assert!(
+            last.to_lowercase().contains(&cause.to_lowercase()),
+            "{principal}: {last}"
+        );
+        // Never an abort loop: the transaction that met the refusal, and at most one before
+        // it whose send librdkafka refused because the transaction had already failed (a
+        // state error, not the cause: the retry meets the cause).
+        let aborts = ex.events("transaction aborted").len();
+        assert!(
+            aborts <= 2,
+            "{principal}: {aborts} aborts: {:?}",
+            ex.events("transaction aborted")
+        );
+        // Nothing partial: what is committed matches the committed offsets exactly.
+        wait_stable(&topics.output, Duration::from_secs(30));
+        let committed = committed(&group, &topics.input);
+        let mut expected = expected_outputs(&topics.input, doubled);
+        expected.retain(|(_, p, o, _), _| committed.get(p).is_some_and(|c| o < c));
+        assert_exactly_once(&read_all(&topics.output, "read_committed"), &expected);
+        assert_no_secret(&s, principal, &log);
+        eprintln!(
+            "{principal}: exit 1 in {:.1?}, {aborts} abort(s), {} outputs committed: {last}",
+            started.elapsed(),
+            expected.len()
+        );
+    }
+}
+
+#[test]
+fn secrets_stay_out_of_help_errors_and_logs() {
+    let s = security();
+    let password = &s.passwords["exactly"];
+    let bin = env!("CARGO_BIN_EXE_exactly");
+    // --help with the settings in the environment.
+    for sub in ["run", "audit"] {
+        let out = Command::new(bin)
+            .args([sub, "--help"])
+            .env("EXACTLY_KAFKA_CONFIG", format!("sasl.password={password}"))
+            .env(
+                "EXACTLY_CONSUMER_CONFIG",
+                format!("sasl.password={password}"),
+            )
+            .env(
+                "EXACTLY_PRODUCER_CONFIG",
+                format!("sasl.password={password}"),
+            )
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("EXACTLY_KAFKA_CONFIG"), "{text}");
+        assert_no_secret(&s, &format!("{sub} --help"), &text);
+    }
+    // Refused settings, malformed pairs and a bad file name the flag, never the secret.
+    let topics = secured_topics("secrets");
+    for bad in [
+        vec![
+            "--kafka-config".to_string(),
+            format!("sasl.jaas.config=x password=\"{password}\""),
+        ],
+        vec![
+            "--kafka-config".to_string(),
+            format!("sasl.password:{password}"),
+        ],
+        vec![
+            "--consumer-config".to_string(),
+            format!("ssl.key.password{password}"),
+        ],
+    ] {
+        let mut run = base_args(&topics, "sec-g", "sec-secrets");
+        run.extend(bad.clone());
+        let out = Command::new(bin).args(&run).output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {text}");
+        assert!(text.contains(&bad[0]), "{bad:?}: {text}");
+        assert_no_secret(&s, &format!("{bad:?}"), &text);
+    }
+}
