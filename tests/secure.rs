@@ -244,11 +244,32 @@ fn exactly_once_over(name: &str, listener: &str, settings: &Settings, s: &Securi
         DOUBLE,
     ]);
     assert_eq!(code, 0, "{report:#}");
+    // The offset tools over the same listener: the group's offsets, all at the end.
+    let show = Command::new(env!("CARGO_BIN_EXE_exactly"))
+        .args(["offsets", "show", "--bootstrap-servers", listener])
+        .args(["--kafka-config-file", admin.path(), "--group-id", &group])
+        .args(["--input-topics", &topics.input])
+        .output()
+        .unwrap();
+    let shown = format!(
+        "{}{}",
+        String::from_utf8_lossy(&show.stdout),
+        String::from_utf8_lossy(&show.stderr)
+    );
+    assert!(show.status.success() && shown.contains("LSO"), "{shown}");
+    let committed = committed(&group, &topics.input);
+    for (partition, offset) in &committed {
+        assert!(
+            shown.contains(&offset.to_string()),
+            "partition {partition} at {offset}: {shown}"
+        );
+    }
     for (what, text) in [
         ("the first run's log", first_log.as_str()),
         ("the second run's log", &second.log_text()),
         ("/metrics", &metrics),
         ("the audit report", &report.to_string()),
+        ("offsets show", &shown),
     ] {
         assert_no_secret(s, what, text);
     }
