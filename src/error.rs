@@ -29,6 +29,9 @@ pub enum Error {
     /// clients reconnect for ever; exactly stops with what librdkafka said.
     #[error("the Kafka cluster refused the connection (check the security settings): {0}")]
     Refused(String),
+    /// The cluster denied a permission exactly needs (an ACL): librdkafka's words.
+    #[error("the Kafka cluster denied a permission exactly needs (check the ACLs): {0}")]
+    Denied(String),
     /// A record could not be transformed and the error policy is `fail`.
     #[error("{0} (--on-error fail)")]
     RecordFailed(String),

@@ -290,13 +290,20 @@ fn exactly_once_over_mtls() {
     exactly_once_over("mtls", &s.ssl, &mtls(&s.ca, &s.client), &s);
 }
 
+/// The error exactly exits with: its last ERROR line of its own (librdkafka's lines have
+/// targets of their own).
+fn exit_error(log: &str) -> String {
+    log.lines()
+        .rev()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["level"] == "ERROR" && e["target"] == "exactly")
+        .map(|e| e["message"].as_str().unwrap_or("").to_string())
+        .unwrap_or_default()
+}
+
 /// Runs exactly with `settings` against `listener` until it exits; returns (exit code, time,
 /// log).
-fn refused(
-    name: &str,
-    listener: &str,
-    settings: &Settings,
-) -> (Option<i32>, Duration, String, Topics) {
+fn refused(name: &str, listener: &str, settings: &Settings) -> (Option<i32>, Duration, String) {
     let topics = secured_topics(name);
     produce(&topics.input, &numbered(30, 3));
     let file = PropertiesFile::new(settings);
@@ -310,7 +317,7 @@ fn refused(
     let started = Instant::now();
     let mut ex = Exactly::start(&run);
     let status = ex.wait(Duration::from_secs(60));
-    (status.code(), started.elapsed(), ex.log_text(), topics)
+    (status.code(), started.elapsed(), ex.log_text())
 }
 
 #[test]
@@ -328,7 +335,11 @@ fn a_wrong_password_or_certificate_stops_at_once_naming_the_cause() {
             &s.sasl_ssl,
             {
                 let mut c = user(&s, "exactly");
-                c[4].1 = s.other_ca.clone();
+                for (k, v) in &mut c {
+                    if k == "ssl.ca.location" {
+                        v.clone_from(&s.other_ca);
+                    }
+                }
                 c
             },
             "certificate verify failed",
@@ -343,21 +354,17 @@ fn a_wrong_password_or_certificate_stops_at_once_naming_the_cause() {
         ("stranger-cert", &s.ssl, mtls(&s.ca, &s.stranger), "alert"),
     ];
     for (name, listener, settings, cause) in cases {
-        let (code, took, log, topics) = refused(name, listener, &settings);
+        let (code, took, log) = refused(name, listener, &settings);
         assert_eq!(code, Some(1), "{name}: {log}");
         // Well within --startup-timeout (30 s): no waiting it out, no retry loop.
         assert!(
             took < Duration::from_secs(20),
             "{name}: took {took:?}\n{log}"
         );
-        let last = log.lines().last().unwrap_or("");
+        let last = exit_error(&log);
         assert!(
             last.contains("refused the connection") && last.contains(cause),
-            "{name}: {last}"
-        );
-        assert!(
-            read_all(&topics.output, "read_uncommitted").is_empty(),
-            "{name}"
+            "{name}: {last}\n{log}"
         );
         assert_no_secret(&s, name, &log);
         eprintln!("{name}: exit 1 in {took:.1?}: {last}");
@@ -367,38 +374,43 @@ fn a_wrong_password_or_certificate_stops_at_once_naming_the_cause() {
 #[test]
 fn each_missing_permission_stops_exactly_naming_it_with_no_partial_output() {
     let s = security();
+    // (principal, the broker's error, most aborts). Never an abort loop: only a missing
+    // WRITE on the output or dead-letter topic is met inside a transaction, which aborts; at
+    // most one more before it, when librdkafka refused a send of the failed transaction
+    // (an "Erroneous state", not the cause) before it logged why.
     let cases = [
-        ("no-input-read", "Topic authorization failed"),
-        ("no-group-read", "Group authorization failed"),
-        ("no-output-write", "Topic authorization failed"),
-        ("no-dlq-write", "Topic authorization failed"),
-        ("no-txn-write", "Transactional Id authorization failed"),
+        ("no-input-read", "Topic authorization failed", 0),
+        ("no-group-read", "Group authorization failed", 0),
+        ("no-output-write", "Topic authorization failed", 2),
+        ("no-dlq-write", "Topic authorization failed", 2),
+        ("no-txn-write", "Transactional Id authorization failed", 0),
     ];
-    for (principal, cause) in cases {
+    for (principal, cause, most_aborts) in cases {
         let topics = secured_topics(principal);
         let group = unique("sec-g");
-        // Good records and one that goes to the dead-letter topic.
-        let mut records = numbered(300, 3);
-        records.push(In::raw(1, "bad", b"not JSON"));
-        produce(&topics.input, &records);
+        produce(&topics.input, &numbered(300, 3));
         let file = PropertiesFile::new(&user(&s, principal));
         let run = args(&topics, &group, principal, &s.sasl_ssl, &file);
         let started = Instant::now();
         let mut ex = Exactly::start(&run);
+        if principal == "no-dlq-write" {
+            // Good records flow and commit; the refusal comes with the first dead letter.
+            wait_committed_at_least(&group, &topics.input, 300, Duration::from_secs(60));
+        }
+        let mut records = numbered(30, 3);
+        records.push(In::raw(1, "bad", b"not JSON"));
+        produce(&topics.input, &records);
         let status = ex.wait(Duration::from_secs(90));
         let log = ex.log_text();
         assert_eq!(status.code(), Some(1), "{principal}: {log}");
-        let last = log.lines().last().unwrap_or("");
+        let last = exit_error(&log);
         assert!(
             last.to_lowercase().contains(&cause.to_lowercase()),
-            "{principal}: {last}"
+            "{principal}: {last}\n{log}"
         );
-        // Never an abort loop: the transaction that met the refusal, and at most one before
-        // it whose send librdkafka refused because the transaction had already failed (a
-        // state error, not the cause: the retry meets the cause).
         let aborts = ex.events("transaction aborted").len();
         assert!(
-            aborts <= 2,
+            aborts <= most_aborts,
             "{principal}: {aborts} aborts: {:?}",
             ex.events("transaction aborted")
         );
@@ -408,6 +420,9 @@ fn each_missing_permission_stops_exactly_naming_it_with_no_partial_output() {
         let mut expected = expected_outputs(&topics.input, doubled);
         expected.retain(|(_, p, o, _), _| committed.get(p).is_some_and(|c| o < c));
         assert_exactly_once(&read_all(&topics.output, "read_committed"), &expected);
+        if principal == "no-dlq-write" {
+            assert!(expected.len() >= 300, "{principal}: {}", expected.len());
+        }
         assert_no_secret(&s, principal, &log);
         eprintln!(
             "{principal}: exit 1 in {:.1?}, {aborts} abort(s), {} outputs committed: {last}",
@@ -455,6 +470,10 @@ fn secrets_stay_out_of_help_errors_and_logs() {
         vec![
             "--kafka-config".to_string(),
             format!("sasl.password:{password}"),
+        ],
+        vec![
+            "--kafka-config".to_string(),
+            format!("sasl.pasword={password}"),
         ],
         vec![
             "--consumer-config".to_string(),

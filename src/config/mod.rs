@@ -20,7 +20,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::error::Error;
-use crate::kafka::{REDACTED, is_secret, shown};
+use crate::kafka::{REDACTED, is_secret};
 
 pub use audit::{AuditArgs, AuditConfig, Bound, Plan};
 pub use run::{Config, Guarantee, Input, RunArgs, TestAborts};
@@ -168,6 +168,14 @@ fn check_passthrough(
     owned: &[(&str, &str)],
 ) -> Result<(), Error> {
     for (key, value) in pairs {
+        if !plain_key(key) {
+            // Not a setting's name: a continuation line of a multi-line value (a PEM key in a
+            // properties file), say. Not shown: it may be part of a secret.
+            return Err(Error::Config(format!(
+                "{flag}: a key is not a setting name (a-z, 0-9, '.', '_', '-'); a PEM \
+                 value must be one line (\\n escapes) or a file (ssl.key.location)"
+            )));
+        }
         if let Some((_, instead)) = owned.iter().find(|(k, _)| *k == key) {
             return Err(Error::Config(format!(
                 "{flag}: '{key}' is set by exactly and cannot be overridden; use {instead}"
@@ -176,15 +184,17 @@ fn check_passthrough(
         let mut one = rdkafka::ClientConfig::new();
         one.set(key, value);
         if let Err(e) = one.create_native_config() {
-            // librdkafka's message may quote the value.
-            let mut said = e.to_string();
+            // librdkafka's own words, without rust-rdkafka's copy of the key and value. They
+            // quote an invalid value, and a secret's is not shown; an unknown key's value is
+            // never shown (a misspelt `sasl.pasword` holds a password all the same).
+            let mut said = match e {
+                rdkafka::error::KafkaError::ClientConfig(_, desc, _, _) => desc,
+                other => other.to_string(),
+            };
             if is_secret(key) && !value.is_empty() {
                 said = said.replace(value.as_str(), REDACTED);
             }
-            return Err(Error::Config(format!(
-                "{flag}: {key}={}: {said}",
-                shown(key, value)
-            )));
+            return Err(Error::Config(format!("{flag}: {key}: {said}")));
         }
     }
     Ok(())
@@ -192,6 +202,15 @@ fn check_passthrough(
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 100ms, 5s, 2m)"))
+}
+
+/// A librdkafka setting's name could be this: lower-case letters, digits, `.`, `_`, `-`,
+/// starting with a letter (as all of them do; a line of base64 does not).
+fn plain_key(key: &str) -> bool {
+    key.starts_with(|c: char| c.is_ascii_lowercase())
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
 }
 
 /// Parses `key=value`. A malformed value is not echoed back, as clap would: it may be a

@@ -46,12 +46,23 @@ pub struct Settings {
 /// Whether a setting's value is a secret, by its key: never logged, printed or shown in an
 /// error. Kafka's and librdkafka's secret keys all say so in their names
 /// (`sasl.password`, `ssl.key.password`, `ssl.key.pem`, `sasl.oauthbearer.client.secret`,
-/// `sasl.jaas.config`, tokens).
+/// `sasl.oauthbearer.config`, `sasl.oauthbearer.assertion.private.key.*`, `sasl.jaas.config`,
+/// tokens). A few paths are hidden too (`ssl.key.location`): a path is no secret, but the rule
+/// stays one line.
 pub fn is_secret(key: &str) -> bool {
     let key = key.to_ascii_lowercase();
-    ["password", "secret", "sasl.jaas.config", "ssl.key", "token"]
-        .iter()
-        .any(|word| key.contains(word))
+    [
+        "password",
+        "secret",
+        "passphrase",
+        "private.key",
+        "oauthbearer.config",
+        "sasl.jaas.config",
+        "ssl.key",
+        "token",
+    ]
+    .iter()
+    .any(|word| key.contains(word))
 }
 
 /// What a setting's value may be shown as.
@@ -107,12 +118,24 @@ impl Refusal {
     }
 }
 
+/// Whether a line librdkafka logs says the open transaction failed for want of a permission
+/// ("TXNERR … Topic authorization failed … (TOPIC_AUTHORIZATION_FAILED)"). The calls that
+/// fail after it may say only "Erroneous state", and an abort of such a transaction may fail
+/// too, so without this line the pipeline would abort, recreate and retry for ever.
+pub fn denied(facility: &str, message: &str) -> bool {
+    facility == "TXNERR" && message.contains("_AUTHORIZATION_FAILED)")
+}
+
 /// Whether an error of the client's connection means the cluster refuses it, which no
 /// reconnect changes: authentication failed, the TLS handshake failed, or the broker ended
 /// TLS with an alert (TLS 1.3 rejects a client certificate after the client's side of the
-/// handshake, so librdkafka sees the alert as a transport error).
+/// handshake, so librdkafka sees the alert as a transport error). Not what a broker going
+/// away mid-handshake gives ("SSL transport error: Connection reset…"), nor an OAUTHBEARER
+/// token the identity provider did not hand out in time: those pass.
 fn refuses(code: RDKafkaErrorCode, reason: &str) -> bool {
+    let transient = reason.contains("SSL transport error") || reason.contains("OAUTHBEARER token");
     match code {
+        _ if transient => false,
         RDKafkaErrorCode::Authentication
         | RDKafkaErrorCode::SaslAuthenticationFailed
         | RDKafkaErrorCode::SSL => true,
@@ -433,6 +456,25 @@ mod tests {
     }
 
     #[test]
+    fn a_transaction_denied_a_permission_is_known_by_librdkafkas_line() {
+        assert!(denied(
+            "TXNERR",
+            "Current transaction failed in state InTransaction: Failed to add partition(s) to \
+             transaction on broker TxnCoordinator/1: Broker: Topic authorization failed (after \
+             8 ms) (TOPIC_AUTHORIZATION_FAILED)"
+        ));
+        assert!(!denied(
+            "TXNERR",
+            "Current transaction failed in state InTransaction: Broker: Not coordinator \
+             (NOT_COORDINATOR)"
+        ));
+        assert!(!denied(
+            "ADDPARTS",
+            "Broker: Topic authorization failed (TOPIC_AUTHORIZATION_FAILED)"
+        ));
+    }
+
+    #[test]
     fn secrets_are_known_by_their_keys_and_never_shown() {
         for key in [
             "sasl.password",
@@ -443,6 +485,9 @@ mod tests {
             "sasl.oauthbearer.client.secret",
             "sasl.jaas.config",
             "sasl.oauthbearer.token.endpoint.url",
+            "sasl.oauthbearer.config",
+            "sasl.oauthbearer.assertion.private.key.pem",
+            "sasl.oauthbearer.assertion.private.key.passphrase",
             "SASL.PASSWORD",
         ] {
             assert!(is_secret(key), "{key}");

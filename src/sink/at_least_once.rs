@@ -20,9 +20,9 @@ pub struct Batches {
 
 impl Batches {
     /// Not connected yet: [`Sink::connect`] creates the producer.
-    pub fn new(kafka: &Settings) -> Batches {
+    pub fn new(kafka: &Settings, output_topic: &str) -> Batches {
         Batches {
-            connection: Connection::new(kafka.to_rdkafka(Role::Idempotent)),
+            connection: Connection::new(kafka.to_rdkafka(Role::Idempotent), output_topic),
         }
     }
 

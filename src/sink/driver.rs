@@ -508,7 +508,19 @@ impl Driver {
         };
         self.failures_in_a_row += 1;
         self.set_rewind(t);
-        match self.sink.abort(reason, &self.calls) {
+        let result = self.sink.abort(reason, &self.calls);
+        // A unit that failed for want of a permission fails again after any retry: stop,
+        // with the unit aborted if the abort went through (else the coordinator aborts it).
+        if let Some(denied) = self.sink.denied() {
+            let ended = if result.is_ok() {
+                self.sink.ended()
+            } else {
+                Ended::Abandoned
+            };
+            self.aborted_event(reason, ended);
+            return Err(Error::Denied(denied));
+        }
+        match result {
             Ok(()) => {
                 self.aborted_event(reason, self.sink.ended());
                 self.harvest(alone);
@@ -615,13 +627,13 @@ impl Driver {
                     return Ok(());
                 }
                 Err(e) => {
-                    if let Some(reason) = self.sink.refused() {
-                        return Err(Error::Refused(reason));
-                    }
                     if classify(Call::Init, &Facts::of(&e)) == Action::Exit {
                         return Err(unrecoverable("recreating the producer", e));
                     }
-                    error!(error = %e, reason = reason.as_str(), "could not recreate the producer; retrying");
+                    // The cluster took these settings before: a refusal now (credentials
+                    // rotated, a certificate renewed on one broker) may pass; keep backing off.
+                    let refused = self.sink.refused();
+                    error!(error = %e, ?refused, reason = reason.as_str(), "could not recreate the producer; retrying");
                     backoff = (backoff * 2).clamp(Duration::from_millis(100), MAX_BACKOFF);
                 }
             }

@@ -29,7 +29,7 @@ impl Transactions {
             timeout: c.transaction_timeout,
         };
         Transactions {
-            connection: Connection::new(kafka.to_rdkafka(role)),
+            connection: Connection::new(kafka.to_rdkafka(role), &c.output_topic),
         }
     }
 
@@ -40,12 +40,14 @@ impl Transactions {
 
 impl Sink for Transactions {
     fn connect(&mut self, calls: &Calls) -> Result<(), KafkaError> {
-        // One bound for reaching the cluster and initialising, together.
+        // One bound for reaching the cluster and initialising, together; init gets at least
+        // a second of it.
         let (began, timeout) = (Instant::now(), calls.timeout());
         self.connection.connect(timeout, |p| {
             let _g = calls.health.in_call("init_transactions");
+            let left = timeout.saturating_sub(began.elapsed());
             p.inner()
-                .init_transactions(timeout.saturating_sub(began.elapsed()))
+                .init_transactions(left.max(Duration::from_secs(1)))
         })
     }
 
@@ -83,6 +85,10 @@ impl Sink for Transactions {
 
     fn has_rejections(&self) -> bool {
         self.p().has_rejections()
+    }
+
+    fn denied(&self) -> Option<String> {
+        self.p().denied()
     }
 
     /// Offsets first, then EndTxn.

@@ -74,6 +74,10 @@ pub trait Sink: Send {
     fn take_rejections(&mut self, wait: Duration) -> Vec<(usize, RDKafkaErrorCode)>;
     /// Whether any record was refused for what it is since the last take.
     fn has_rejections(&self) -> bool;
+    /// Why the open unit failed for want of a permission, if it did: no retry fixes that.
+    fn denied(&self) -> Option<String> {
+        None
+    }
     /// Makes the open unit's records and the group's `offsets` durable.
     fn commit(
         &mut self,
@@ -107,7 +111,7 @@ fn sink_of(c: &Config) -> Box<dyn Sink> {
     let kafka = &c.kafka;
     match c.guarantee {
         Guarantee::ExactlyOnce => Box::new(exactly_once::Transactions::new(kafka, c)),
-        Guarantee::AtLeastOnce => Box::new(at_least_once::Batches::new(kafka)),
+        Guarantee::AtLeastOnce => Box::new(at_least_once::Batches::new(kafka, &c.output_topic)),
     }
 }
 

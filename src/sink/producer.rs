@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryResult, Producer, ProducerContext, ThreadedProducer};
-use tracing::{debug, error, warn};
+use tracing::{debug, error, info, warn};
 
 use super::{Calls, Failed, Record};
 use crate::error::{Action, Call, Facts, classify, rejected_record};
@@ -19,18 +20,22 @@ use crate::kafka::Refusal;
 /// A Kafka sink's producer: its settings, and the producer once connected.
 pub struct Connection {
     config: ClientConfig,
+    /// The topic whose metadata shows the cluster answers (the output topic, which the sink
+    /// writes to anyway).
+    probe: String,
     producer: Option<KafkaProducer>,
-    /// What the cluster said when it last refused a producer of this connection.
-    refusal: Arc<Refusal>,
+    /// Why the cluster refused the last producer before it answered, if it did.
+    refused: Option<String>,
 }
 
 impl Connection {
     /// Not connected yet.
-    pub fn new(config: ClientConfig) -> Connection {
+    pub fn new(config: ClientConfig, probe: &str) -> Connection {
         Connection {
             config,
+            probe: probe.to_string(),
             producer: None,
-            refusal: Arc::default(),
+            refused: None,
         }
     }
 
@@ -42,17 +47,22 @@ impl Connection {
         timeout: Duration,
         init: impl FnOnce(&KafkaProducer) -> Result<(), KafkaError>,
     ) -> Result<(), KafkaError> {
-        self.refusal = Arc::default();
-        let producer = KafkaProducer::create(&self.config, self.refusal.clone())?;
-        producer.reach_cluster(timeout, &self.refusal)?;
+        self.refused = None;
+        let refusal = Arc::new(Refusal::default());
+        let producer = KafkaProducer::create(&self.config, refusal.clone())?;
+        if let Err(e) = producer.reach_cluster(&self.probe, timeout, &refusal) {
+            self.refused = refusal.get();
+            return Err(e);
+        }
         init(&producer)?;
         self.producer = Some(producer);
         Ok(())
     }
 
-    /// Why the cluster refused the last producer, if it did (no retry changes that).
+    /// Why the cluster refused the last producer before it ever answered, if it did: a
+    /// wrong password, an untrusted certificate. A failure after it answered is no refusal.
     pub fn refused(&self) -> Option<String> {
-        self.refusal.get()
+        self.refused.clone()
     }
 
     /// The producer.
@@ -74,6 +84,8 @@ pub struct KafkaProducer(crate::kafka::produce::Producer<DeliveryContext>);
 pub struct DeliveryContext {
     /// Where the client's refusals go.
     refusal: Arc<Refusal>,
+    /// librdkafka's line about a transaction that failed for want of a permission.
+    denial: Mutex<Option<String>>,
     /// Records sent and not yet reported.
     pending: AtomicU64,
     /// Failed deliveries since the batch began.
@@ -85,7 +97,32 @@ pub struct DeliveryContext {
 impl ClientContext for DeliveryContext {
     fn error(&self, error: KafkaError, reason: &str) {
         self.refusal.note(&error, reason);
-        error!("librdkafka: {error}: {reason}");
+        // As rust-rdkafka's default callback logs it, under its target.
+        error!(target: "rdkafka::client", "librdkafka: {error}: {reason}");
+    }
+
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        if crate::kafka::denied(facility, message) {
+            *self.denial.lock().unwrap_or_else(|p| p.into_inner()) = Some(message.to_string());
+        }
+        // As rust-rdkafka's default callback logs them, under its target.
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => {
+                error!(target: "librdkafka", "librdkafka: {facility} {message}")
+            }
+            RDKafkaLogLevel::Warning => {
+                warn!(target: "librdkafka", "librdkafka: {facility} {message}")
+            }
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                info!(target: "librdkafka", "librdkafka: {facility} {message}")
+            }
+            RDKafkaLogLevel::Debug => {
+                debug!(target: "librdkafka", "librdkafka: {facility} {message}")
+            }
+        }
     }
 }
 
@@ -118,6 +155,7 @@ impl KafkaProducer {
     ) -> Result<KafkaProducer, KafkaError> {
         let context = DeliveryContext {
             refusal,
+            denial: Mutex::default(),
             pending: AtomicU64::default(),
             failed: AtomicU64::default(),
             rejections: Mutex::default(),
@@ -129,19 +167,25 @@ impl KafkaProducer {
     /// Waits until the cluster answers (a metadata request), up to `timeout`; returns at once
     /// when it refuses this client, instead of waiting out the timeout while librdkafka
     /// reconnects (the caller asks [`Connection::refused`] why).
-    fn reach_cluster(&self, timeout: Duration, refusal: &Refusal) -> Result<(), KafkaError> {
+    fn reach_cluster(
+        &self,
+        probe: &str,
+        timeout: Duration,
+        refusal: &Refusal,
+    ) -> Result<(), KafkaError> {
         let deadline = Instant::now() + timeout;
         loop {
             if refusal.get().is_some() {
                 return Err(KafkaError::Global(RDKafkaErrorCode::Authentication));
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            // Any topic will do: a metadata answer means connected and authenticated, even
-            // one that says the topic may not be described.
-            match self.inner().client().fetch_metadata(
-                Some("__consumer_offsets"),
-                left.min(Duration::from_millis(500)),
-            ) {
+            // A metadata answer means connected and authenticated, even one that says the
+            // topic may not be described.
+            match self
+                .inner()
+                .client()
+                .fetch_metadata(Some(probe), left.min(Duration::from_millis(500)))
+            {
                 Ok(_) => return Ok(()),
                 Err(e) if left.is_zero() => return Err(e),
                 Err(_) => {}
@@ -250,6 +294,12 @@ impl KafkaProducer {
         self.wait_for_reports(wait);
         let ctx = self.inner().context();
         std::mem::take(&mut *ctx.rejections.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Why a transaction of this producer failed for want of a permission, if one did.
+    pub fn denied(&self) -> Option<String> {
+        let ctx = self.inner().context();
+        ctx.denial.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Whether the broker rejected anything since the last take.
