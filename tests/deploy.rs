@@ -7,19 +7,10 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::process::Output;
 
 use common::*;
 use serde::Deserialize;
 use serde_json::Value;
-
-fn said(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 fn read(path: &str) -> String {
     std::fs::read_to_string(repo().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))

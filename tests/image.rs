@@ -33,14 +33,6 @@ fn docker(args: &[&str]) -> Output {
         .expect("run the docker client")
 }
 
-fn said(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 fn docker_ok(args: &[&str]) -> String {
     let out = docker(args);
     assert!(out.status.success(), "docker {args:?}: {}", said(&out));

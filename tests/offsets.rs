@@ -39,14 +39,6 @@ fn offsets(args: &[&str]) -> Output {
     out
 }
 
-fn said(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 /// The group and topic arguments every command takes.
 fn group_args<'a>(topics: &'a Topics, group: &'a str, b: &'a str) -> Vec<&'a str> {
     vec![

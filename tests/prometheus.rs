@@ -355,11 +355,7 @@ fn promtool_accepts_what_metrics_serves() {
         .write_all(text.as_bytes())
         .unwrap();
     let out = promtool.wait_with_output().unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let said = said(&out);
     assert!(out.status.success(), "promtool check metrics: {said}");
     assert!(said.trim().is_empty(), "promtool check metrics: {said}");
     ex.signal(Signal::SIGTERM);

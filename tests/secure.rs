@@ -251,11 +251,7 @@ fn exactly_once_over(name: &str, listener: &str, settings: &Settings, s: &Securi
         .args(["--input-topics", &topics.input])
         .output()
         .unwrap();
-    let shown = format!(
-        "{}{}",
-        String::from_utf8_lossy(&show.stdout),
-        String::from_utf8_lossy(&show.stderr)
-    );
+    let shown = said(&show);
     assert!(show.status.success() && shown.contains("LSO"), "{shown}");
     let committed = committed(&group, &topics.input);
     for (partition, offset) in &committed {
@@ -452,11 +448,7 @@ fn secrets_stay_out_of_help_errors_and_logs() {
             )
             .output()
             .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = said(&out);
         assert!(text.contains("EXACTLY_KAFKA_CONFIG"), "{text}");
         assert_no_secret(&s, &format!("{sub} --help"), &text);
     }
@@ -483,11 +475,7 @@ fn secrets_stay_out_of_help_errors_and_logs() {
         let mut run = base_args(&topics, "sec-g", "sec-secrets");
         run.extend(bad.clone());
         let out = Command::new(bin).args(&run).output().unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = said(&out);
         assert_eq!(out.status.code(), Some(2), "{bad:?}: {text}");
         assert!(text.contains(&bad[0]), "{bad:?}: {text}");
         assert_no_secret(&s, &format!("{bad:?}"), &text);

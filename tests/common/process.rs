@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -229,6 +229,15 @@ pub fn partitions_of(owned: &str) -> Vec<i32> {
                 .collect::<Vec<_>>()
         })
         .collect()
+}
+
+/// What a finished command printed, stdout then stderr.
+pub fn said(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 /// A checker that scripts/tools.sh installs (scripts/test.sh puts it on the PATH).
