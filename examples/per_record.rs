@@ -61,7 +61,7 @@ fn main() {
             value: Some(&value),
             headers: vec![],
         };
-        let out = records::outputs(t.as_mut(), &input, true, 1_000_000).unwrap();
+        let out = records::outputs(&input, t.apply(&input), true, 1_000_000).unwrap();
         bytes += out.len();
     }
     std::hint::black_box(bytes);

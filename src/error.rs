@@ -39,15 +39,28 @@ pub enum Error {
     /// address taken).
     #[error("{0}")]
     Startup(String),
+    /// An offset store (Redis, MySQL, a file, the group) could not be read or written.
+    #[error("{0}")]
+    Store(String),
     /// Shutdown began while the pipeline could not finish cleanly (a producer was being
     /// replaced): what was open is left to the broker to abort.
     #[error("{0}")]
     Stopped(String),
 }
 
+impl Error {
+    /// `exactly run`'s exit code for it: 2 for a bad option or program, 1 for anything else.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Config(_) | Error::Jq(_) => 2,
+            _ => 1,
+        }
+    }
+}
+
 /// The call that failed; the same code can mean different things for different calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Call {
+pub enum KafkaCall {
     /// `init_transactions`: fences older epochs, completes the previous transaction.
     Init,
     /// `begin_transaction`: local only.
@@ -195,7 +208,7 @@ pub fn rejected_record(code: Code) -> Option<&'static str> {
 }
 
 /// Decides what a failed `call` means. The order of the checks is the policy.
-pub fn classify(call: Call, facts: &Facts) -> Action {
+pub fn classify(call: KafkaCall, facts: &Facts) -> Action {
     let is = |set: &[Code]| facts.code.is_some_and(|c| set.contains(&c));
     if is(UNRECOVERABLE) {
         return Action::Exit;
@@ -203,13 +216,13 @@ pub fn classify(call: Call, facts: &Facts) -> Action {
     if is(FENCED) || facts.fatal {
         return Action::RecreateProducer;
     }
-    if call == Call::Abort && is(TIMEOUT) {
+    if call == KafkaCall::Abort && is(TIMEOUT) {
         // A coordinator that does not answer an abort in a whole transaction timeout is gone
         // for a while: a new producer's init_transactions settles the transaction once it is
         // back, retrying with backoff and honouring shutdown, instead of abort after abort.
         return Action::RecreateProducer;
     }
-    if call == Call::Commit {
+    if call == KafkaCall::Commit {
         if facts.flush {
             // The flush before EndTxn failed: nothing was committed, abort is safe.
             return Action::Abort;
@@ -228,9 +241,9 @@ pub fn classify(call: Call, facts: &Facts) -> Action {
     }
     match call {
         // An abort that fails for an unknown reason leaves the producer in an unknown state.
-        Call::Abort | Call::Begin | Call::Init => Action::RecreateProducer,
-        Call::Commit => Action::UnknownOutcome,
-        Call::Produce | Call::SendOffsets => Action::Abort,
+        KafkaCall::Abort | KafkaCall::Begin | KafkaCall::Init => Action::RecreateProducer,
+        KafkaCall::Commit => Action::UnknownOutcome,
+        KafkaCall::Produce | KafkaCall::SendOffsets => Action::Abort,
     }
 }
 
@@ -279,11 +292,11 @@ mod tests {
     fn every_unrecoverable_code_exits_for_every_call() {
         for &code in UNRECOVERABLE {
             for call in [
-                Call::Init,
-                Call::Produce,
-                Call::SendOffsets,
-                Call::Commit,
-                Call::Abort,
+                KafkaCall::Init,
+                KafkaCall::Produce,
+                KafkaCall::SendOffsets,
+                KafkaCall::Commit,
+                KafkaCall::Abort,
             ] {
                 // Even when librdkafka also flags them abortable or retriable.
                 assert_eq!(
@@ -299,11 +312,11 @@ mod tests {
     fn fenced_codes_recreate_the_producer() {
         for &code in FENCED {
             for call in [
-                Call::Init,
-                Call::Produce,
-                Call::SendOffsets,
-                Call::Commit,
-                Call::Abort,
+                KafkaCall::Init,
+                KafkaCall::Produce,
+                KafkaCall::SendOffsets,
+                KafkaCall::Commit,
+                KafkaCall::Abort,
             ] {
                 assert_eq!(
                     classify(call, &Facts::code(code)),
@@ -314,13 +327,16 @@ mod tests {
         }
         // The fatal flag alone is enough, whatever the code.
         let f = flags(Code::InvalidTransactionalState, false, false, true);
-        assert_eq!(classify(Call::Commit, &f), Action::RecreateProducer);
+        assert_eq!(classify(KafkaCall::Commit, &f), Action::RecreateProducer);
     }
 
     #[test]
     fn producer_fenced_wins_over_abortable_flag() {
         let f = flags(Code::ProducerFenced, false, true, false);
-        assert_eq!(classify(Call::SendOffsets, &f), Action::RecreateProducer);
+        assert_eq!(
+            classify(KafkaCall::SendOffsets, &f),
+            Action::RecreateProducer
+        );
     }
 
     #[test]
@@ -329,7 +345,7 @@ mod tests {
             // librdkafka flags a timed-out commit as retriable; we still must not retry blindly.
             let f = flags(code, true, false, false);
             assert_eq!(
-                classify(Call::Commit, &f),
+                classify(KafkaCall::Commit, &f),
                 Action::UnknownOutcome,
                 "{code:?}"
             );
@@ -340,10 +356,10 @@ mod tests {
     fn timeouts_elsewhere_are_retried() {
         for &code in TIMEOUT {
             assert_eq!(
-                classify(Call::Abort, &Facts::code(code)),
+                classify(KafkaCall::Abort, &Facts::code(code)),
                 Action::RecreateProducer
             );
-            for call in [Call::Init, Call::SendOffsets] {
+            for call in [KafkaCall::Init, KafkaCall::SendOffsets] {
                 assert_eq!(
                     classify(call, &Facts::code(code)),
                     Action::Retry,
@@ -359,30 +375,35 @@ mod tests {
             flush: true,
             ..Facts::code(Code::OperationTimedOut)
         };
-        assert_eq!(classify(Call::Commit, &f), Action::Abort);
+        assert_eq!(classify(KafkaCall::Commit, &f), Action::Abort);
     }
 
     #[test]
     fn abortable_flag_aborts() {
         // e.g. a delivery failure inside the transaction surfacing at commit.
         let f = flags(Code::MessageTimedOut, false, true, false);
-        assert_eq!(classify(Call::Commit, &f), Action::Abort);
+        assert_eq!(classify(KafkaCall::Commit, &f), Action::Abort);
         let f = flags(Code::IllegalGeneration, false, true, false);
-        assert_eq!(classify(Call::SendOffsets, &f), Action::Abort);
+        assert_eq!(classify(KafkaCall::SendOffsets, &f), Action::Abort);
         let f = flags(Code::UnknownMemberId, false, true, false);
-        assert_eq!(classify(Call::SendOffsets, &f), Action::Abort);
+        assert_eq!(classify(KafkaCall::SendOffsets, &f), Action::Abort);
         let f = flags(Code::UnknownProducerId, false, true, false);
-        assert_eq!(classify(Call::Commit, &f), Action::Abort);
+        assert_eq!(classify(KafkaCall::Commit, &f), Action::Abort);
         // Our consumer's static membership was fenced: this transaction cannot commit, and
         // the consumer is replaced by the loop; the producer is fine.
         let f = Facts::code(Code::FencedInstanceId);
-        assert_eq!(classify(Call::SendOffsets, &f), Action::Abort);
+        assert_eq!(classify(KafkaCall::SendOffsets, &f), Action::Abort);
     }
 
     #[test]
     fn transient_codes_retry() {
         for &code in TRANSIENT {
-            for call in [Call::Init, Call::SendOffsets, Call::Commit, Call::Abort] {
+            for call in [
+                KafkaCall::Init,
+                KafkaCall::SendOffsets,
+                KafkaCall::Commit,
+                KafkaCall::Abort,
+            ] {
                 assert_eq!(
                     classify(call, &Facts::code(code)),
                     Action::Retry,
@@ -392,18 +413,18 @@ mod tests {
         }
         // librdkafka's flag alone is enough too.
         let f = flags(Code::RebalanceInProgress, true, false, false);
-        assert_eq!(classify(Call::SendOffsets, &f), Action::Retry);
+        assert_eq!(classify(KafkaCall::SendOffsets, &f), Action::Retry);
     }
 
     #[test]
     fn unknown_errors_fall_back_per_call() {
         let f = Facts::code(Code::InvalidTransactionalState);
-        assert_eq!(classify(Call::Commit, &f), Action::UnknownOutcome);
-        assert_eq!(classify(Call::Abort, &f), Action::RecreateProducer);
-        assert_eq!(classify(Call::Begin, &f), Action::RecreateProducer);
-        assert_eq!(classify(Call::Init, &f), Action::RecreateProducer);
-        assert_eq!(classify(Call::Produce, &f), Action::Abort);
-        assert_eq!(classify(Call::SendOffsets, &f), Action::Abort);
+        assert_eq!(classify(KafkaCall::Commit, &f), Action::UnknownOutcome);
+        assert_eq!(classify(KafkaCall::Abort, &f), Action::RecreateProducer);
+        assert_eq!(classify(KafkaCall::Begin, &f), Action::RecreateProducer);
+        assert_eq!(classify(KafkaCall::Init, &f), Action::RecreateProducer);
+        assert_eq!(classify(KafkaCall::Produce, &f), Action::Abort);
+        assert_eq!(classify(KafkaCall::SendOffsets, &f), Action::Abort);
         let none = Facts {
             code: None,
             retriable: false,
@@ -411,7 +432,7 @@ mod tests {
             fatal: false,
             flush: false,
         };
-        assert_eq!(classify(Call::Commit, &none), Action::UnknownOutcome);
+        assert_eq!(classify(KafkaCall::Commit, &none), Action::UnknownOutcome);
     }
 
     #[test]

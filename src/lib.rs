@@ -55,6 +55,7 @@
 //! [`run`] ties them together; `main.rs` only parses, installs signal handling and calls it.
 
 pub mod audit;
+pub mod backoff;
 pub mod config;
 pub mod error;
 pub mod events;
@@ -83,39 +84,15 @@ use crate::metrics::Metrics;
 /// Stack of the loop thread: jq programs and JSON values recurse.
 const LOOP_STACK: usize = 64 << 20;
 
-/// Runs an audit: reads the history, replays the transform (a call-out's application only
-/// when told to), returns the report.
-pub fn audit(config: config::AuditConfig) -> Result<audit::Report, Error> {
-    let t = &config.transform;
-    let mut transform = match &t.spec {
-        config::TransformSpec::Call(_) => None,
-        _ => Some(transform::build(t)?),
-    };
-    let history = audit::read::collect(&config.plan)?;
-    if let config::TransformSpec::Call(spec) = &t.spec
-        && config.replay_call
-    {
-        transform = Some(audit::replay_call(spec, t, &history)?);
-    }
-    Ok(audit::analyze(
-        &history,
-        transform
-            .as_mut()
-            .map(|t| t.as_mut() as &mut dyn transform::Transform),
-        t.on_error,
-        &config.plan.outputs[0],
-        config.max_message_bytes,
-    ))
-}
-
 /// Runs the pipeline until `shutdown` is cancelled or an unrecoverable error occurs.
 ///
 /// The loop runs on a thread of its own, since librdkafka's calls block; the async side only
 /// watches it. Cancelling `shutdown` makes the loop commit what is open and leave the group.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
     // Compiled before any client exists: a bad program fails start-up with jaq's message.
-    let transform = transform::build(&config.transform)?;
-    let transform = transform::unavailable_first(transform, config.test_unavailable);
+    let runtime = tokio::runtime::Handle::current();
+    let intake =
+        pipeline::Intake::build(&config.transform, config.test.unavailable, Some(runtime))?;
     let health = Arc::new(Health::default());
     let stop_watching = CancellationToken::new();
     let bound = config.loop_bound();
@@ -157,14 +134,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         .name("exactly-loop".into())
         .stack_size(LOOP_STACK)
         .spawn(move || {
-            let result = pipeline::run(
-                &config,
-                transform,
-                loop_health,
-                metrics,
-                positions,
-                shutdown,
-            );
+            let result = pipeline::run(&config, intake, loop_health, metrics, positions, shutdown);
             let _ = tx.send(result);
         })
         .map_err(|e| Error::Startup(format!("cannot start the loop thread: {e}")))?;

@@ -1,4 +1,4 @@
-//! `exactly`: parse the configuration, start logging, handle signals, run.
+//! `exactly`: parse the command line, start logging, handle signals, dispatch.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -7,27 +7,30 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
-use exactly::config::{Cli, Command};
+use exactly::config::{Cli, Command, RunArgs};
 
 // jq programs allocate for every value they touch; mimalloc takes about a quarter off the
 // instructions per record of a jq transform (BENCHMARKS.md, "Profile").
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use exactly::error::Error;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let args = match cli.command {
-        Command::Run(args) => args,
-        Command::Audit(args) => end(audit(*args)),
-        Command::Offsets(args) => end(offsets(*args)),
+    let code = match Cli::parse().command {
+        Command::Run(args) => run(*args),
+        Command::Audit(args) => exactly::audit::command(*args),
+        Command::Offsets(args) => exactly::offsets::command(*args),
     };
+    end(code)
+}
+
+/// `exactly run`: its exit code (`Error::exit_code`, or 3 when the shutdown grace ran out).
+fn run(args: RunArgs) -> u8 {
     exactly::telemetry::init(args.log_format, &args.log_level);
     let config = match args.validate() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
-            return ExitCode::from(2);
+            return e.exit_code();
         }
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -38,14 +41,14 @@ fn main() -> ExitCode {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
+            return 1;
         }
     };
     let code = runtime.block_on(async_main(config));
     // Dropping the runtime would wait for blocking tasks (a lag query can take seconds); the
     // process is done, and the shutdown grace must hold.
     runtime.shutdown_background();
-    end(code)
+    code
 }
 
 /// Ends the process with `code`, without C exit handlers.
@@ -54,7 +57,7 @@ fn main() -> ExitCode {
 /// runtime worker, the pipeline's consumer (closed, then deliberately not dropped: rust-rdkafka
 /// would close it again), the loop itself after a missed grace. Exit handlers must not run beside
 /// them: OpenSSL's `OPENSSL_cleanup` frees memory they still use, and the process then dies of
-/// SIGSEGV instead of exiting with its code (CI saw it; 7 in 900 failed start-ups here).
+/// SIGSEGV instead of exiting with its code.
 /// Nothing of exactly's needs an exit handler: logs are written as they happen, and stdout and
 /// stderr are flushed here.
 fn end(code: u8) -> ! {
@@ -96,77 +99,11 @@ async fn async_main(config: exactly::config::Config) -> u8 {
         Ok(Ok(())) => 0,
         Ok(Err(e)) => {
             error!("{e}");
-            match e {
-                Error::Config(_) | Error::Jq(_) => 2,
-                _ => 1,
-            }
+            e.exit_code()
         }
         Err(join) => {
             error!(error = %join, "the pipeline task failed");
             1
-        }
-    }
-}
-
-/// `exactly audit`: 0 clean, 1 anomalies, 2 bad options, 3 could not complete.
-fn audit(args: exactly::config::AuditArgs) -> u8 {
-    exactly::telemetry::init(exactly::config::LogFormat::Text, "warn");
-    let config = match args.validate() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return 2;
-        }
-    };
-    let json = config.json;
-    match exactly::audit(config) {
-        Ok(report) => {
-            if json {
-                match serde_json::to_string_pretty(&report) {
-                    Ok(s) => println!("{s}"),
-                    Err(e) => eprintln!("error: {e}"),
-                }
-            } else {
-                print!("{}", report.summary());
-            }
-            if report.anomalies() == 0 { 0 } else { 1 }
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            match e {
-                Error::Config(_) | Error::Jq(_) => 2,
-                _ => 3,
-            }
-        }
-    }
-}
-
-/// `exactly offsets`: 0 done, 2 bad options or a validation error, 3 could not complete.
-fn offsets(args: exactly::config::offsets::OffsetsArgs) -> u8 {
-    use exactly::config::offsets::OffsetsCommand;
-    use exactly::offsets::{migrate, open};
-    exactly::telemetry::init(exactly::config::LogFormat::Text, "warn");
-    let result = (|| match args.command {
-        OffsetsCommand::Show(a) => migrate::show(&a.group.target()?),
-        OffsetsCommand::Import(a) => {
-            let target = a.group.target()?;
-            let store = open(&a.from, &a.store.options(&target)?)?;
-            migrate::import(&target, store.as_ref(), a.missing, a.clamp, a.dry_run)
-        }
-        OffsetsCommand::Export(a) => {
-            let target = a.group.target()?;
-            let store = open(&a.to, &a.store.options(&target)?)?;
-            migrate::export(&target, store.as_ref(), a.dry_run)
-        }
-    })();
-    match result {
-        Ok(text) => {
-            print!("{text}");
-            0
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            if matches!(e, Error::Config(_)) { 2 } else { 3 }
         }
     }
 }

@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use rdkafka::message::{Header, OwnedHeaders};
 
 use crate::headers;
-use crate::transform::{Failure, InputRecord, Reason, Transform, TransformError};
+use crate::transform::{Failure, InputRecord, OutputRecord, Reason, TransformError};
 
 /// One record ready to send.
 #[derive(Clone)]
@@ -41,15 +41,16 @@ impl Outgoing<'_> {
     }
 }
 
-/// Transforms `input` and attaches headers. The record is refused whole when any output is
-/// larger than `max_message_bytes`: a transaction cannot take back half a fan-out.
+/// The outgoing records of `input`, from what the transform made of it (`outs`), with their
+/// headers. The record is refused whole when any output is larger than `max_message_bytes`: a
+/// transaction cannot take back half a fan-out.
 pub fn outputs<'a>(
-    transform: &mut dyn Transform,
     input: &InputRecord<'a>,
+    outs: Result<Vec<OutputRecord<'a>>, Failure>,
     lineage: bool,
     max_message_bytes: usize,
 ) -> Result<Vec<Outgoing<'a>>, Failure> {
-    let outs = transform.apply(input)?;
+    let outs = outs?;
     let mut prepared = Vec::with_capacity(outs.len());
     for (i, o) in outs.into_iter().enumerate() {
         let l = lineage.then(|| headers::lineage(input, i));
@@ -173,7 +174,7 @@ mod tests {
         }
     }
 
-    fn passthrough() -> Box<dyn Transform> {
+    fn passthrough() -> Box<dyn crate::transform::Transform> {
         let limits = Limits {
             max_output_bytes: 1_000_000,
             max_outputs: 10,
@@ -183,7 +184,8 @@ mod tests {
 
     #[test]
     fn outputs_carry_lineage_and_fit() {
-        let outs = outputs(passthrough().as_mut(), &input(b"v", vec![]), true, 1000).unwrap();
+        let rec = input(b"v", vec![]);
+        let outs = outputs(&rec, passthrough().apply(&rec), true, 1000).unwrap();
         assert_eq!(outs.len(), 1);
         let h = &outs[0].headers;
         assert_eq!(h.get(0).key, headers::LINEAGE);
@@ -194,11 +196,11 @@ mod tests {
     fn headers_count_toward_the_producer_limit() {
         let big = vec![b'h'; 600];
         let rec = input(b"small value", vec![(b"h", Some(&big))]);
-        let Err(Failure::BadRecord(e)) = outputs(passthrough().as_mut(), &rec, true, 500) else {
+        let Err(Failure::BadRecord(e)) = outputs(&rec, passthrough().apply(&rec), true, 500) else {
             panic!("an output over message.max.bytes is the record's fault")
         };
         assert_eq!(e.reason, Reason::OutputTooLarge);
-        assert!(outputs(passthrough().as_mut(), &rec, true, 1000).is_ok());
+        assert!(outputs(&rec, passthrough().apply(&rec), true, 1000).is_ok());
     }
 
     /// The pre-check against librdkafka's own: a producer that cannot reach any broker still
@@ -206,81 +208,25 @@ mod tests {
     #[test]
     fn the_size_check_agrees_with_librdkafka_at_the_boundary() {
         use rdkafka::ClientConfig;
-        use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-        use rdkafka::producer::{BaseProducer, BaseRecord};
+        use rdkafka::producer::BaseProducer;
 
-        const MAX: usize = 5_000;
         let producer: BaseProducer = ClientConfig::new()
             .set("bootstrap.servers", "127.0.0.1:1")
-            .set("message.max.bytes", MAX.to_string())
+            .set("message.max.bytes", BOUNDARY_MAX.to_string())
             .set("message.timeout.ms", "1000")
             .create()
             .unwrap();
-        let bytes = vec![0xa5u8; MAX];
-        let (mut accepted, mut refused) = (0, 0);
+        let mut counts = (0, 0);
         // Key, value and headers of sizes around the varint steps (63/64, 8191/8192 is
-        // beyond MAX) and around the limit.
+        // beyond the limit) and around the limit.
         for key in [None, Some(0), Some(1), Some(63), Some(64), Some(200)] {
             for names in [0, 1, 2, 70] {
                 for header_value in [None, Some(0), Some(63), Some(64), Some(130)] {
-                    let mut h = OwnedHeaders::new();
-                    for i in 0..names {
-                        let name = vec![b'n'; i % 66];
-                        h = crate::kafka::raw_headers::add(
-                            h,
-                            &name,
-                            header_value.map(|n| &bytes[..n]),
-                        );
-                    }
-                    let probe = Outgoing {
-                        topic: None,
-                        key: key.map(|n| Cow::Borrowed(&bytes[..n])),
-                        value: None,
-                        headers: h.clone(),
-                    };
-                    let fixed = probe.size();
-                    for slack in -3i64..=3 {
-                        let Some(value) = (MAX as i64 - fixed as i64 + slack)
-                            .try_into()
-                            .ok()
-                            .filter(|v: &usize| *v <= MAX)
-                        else {
-                            continue;
-                        };
-                        let out = Outgoing {
-                            value: Some(Cow::Borrowed(&bytes[..value])),
-                            headers: h.clone(),
-                            ..probe.clone()
-                        };
-                        let fits = out.size() <= MAX;
-                        let mut rec = BaseRecord::<[u8], [u8]>::to("t")
-                            .payload(&bytes[..value])
-                            .headers(h.clone());
-                        if let Some(k) = key {
-                            rec = rec.key(&bytes[..k]);
-                        }
-                        let sent = match producer.send(rec) {
-                            Ok(()) => true,
-                            Err((
-                                KafkaError::MessageProduction(
-                                    RDKafkaErrorCode::MessageSizeTooLarge,
-                                ),
-                                _,
-                            )) => false,
-                            Err((e, _)) => panic!("unexpected {e}"),
-                        };
-                        assert_eq!(
-                            fits,
-                            sent,
-                            "key {key:?}, {names} headers of {header_value:?}, value {value}: \
-                             pre-check says {} bytes",
-                            out.size()
-                        );
-                        if sent { accepted += 1 } else { refused += 1 }
-                    }
+                    agree_at_the_boundary(&producer, key, names, header_value, &mut counts);
                 }
             }
         }
+        let (accepted, refused) = counts;
         assert!(
             accepted > 100 && refused > 100,
             "{accepted} accepted, {refused} refused"
@@ -289,6 +235,72 @@ mod tests {
             &producer,
             rdkafka::producer::PurgeConfig::default().queue(),
         );
+    }
+
+    const BOUNDARY_MAX: usize = 5_000;
+
+    /// Values a few bytes either side of the limit, with this key and these headers: the
+    /// pre-check and librdkafka agree on each; `counts`: (accepted, refused).
+    fn agree_at_the_boundary(
+        producer: &rdkafka::producer::BaseProducer,
+        key: Option<usize>,
+        names: usize,
+        header_value: Option<usize>,
+        counts: &mut (u32, u32),
+    ) {
+        use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+        use rdkafka::producer::BaseRecord;
+
+        const MAX: usize = BOUNDARY_MAX;
+        let bytes = vec![0xa5u8; MAX];
+        let mut h = OwnedHeaders::new();
+        for i in 0..names {
+            let name = vec![b'n'; i % 66];
+            h = crate::kafka::raw_headers::add(h, &name, header_value.map(|n| &bytes[..n]));
+        }
+        let probe = Outgoing {
+            topic: None,
+            key: key.map(|n| Cow::Borrowed(&bytes[..n])),
+            value: None,
+            headers: h.clone(),
+        };
+        let fixed = probe.size();
+        for slack in -3i64..=3 {
+            let Some(value) = (MAX as i64 - fixed as i64 + slack)
+                .try_into()
+                .ok()
+                .filter(|v: &usize| *v <= MAX)
+            else {
+                continue;
+            };
+            let out = Outgoing {
+                value: Some(Cow::Borrowed(&bytes[..value])),
+                headers: h.clone(),
+                ..probe.clone()
+            };
+            let fits = out.size() <= MAX;
+            let mut rec = BaseRecord::<[u8], [u8]>::to("t")
+                .payload(&bytes[..value])
+                .headers(h.clone());
+            if let Some(k) = key {
+                rec = rec.key(&bytes[..k]);
+            }
+            let sent = match producer.send(rec) {
+                Ok(()) => true,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge), _)) => {
+                    false
+                }
+                Err((e, _)) => panic!("unexpected {e}"),
+            };
+            assert_eq!(
+                fits,
+                sent,
+                "key {key:?}, {names} headers of {header_value:?}, value {value}: \
+                 pre-check says {} bytes",
+                out.size()
+            );
+            if sent { counts.0 += 1 } else { counts.1 += 1 }
+        }
     }
 
     #[test]
@@ -433,7 +445,7 @@ mod properties {
             };
             let limits = Limits { max_output_bytes: usize::MAX, max_outputs: 1 };
             let mut passthrough = crate::transform::new(&TransformSpec::Passthrough, limits).unwrap();
-            match outputs(passthrough.as_mut(), &input, lineage, max) {
+            match outputs(&input, passthrough.apply(&input), lineage, max) {
                 Ok(outs) => {
                     prop_assert_eq!(outs.len(), 1);
                     prop_assert!(outs[0].size() <= max);

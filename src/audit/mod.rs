@@ -13,11 +13,73 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
-use crate::config::OnError;
+use crate::config::{AuditConfig, OnError, TransformSpec};
+use crate::error::Error;
 use crate::headers::{self, LINEAGE};
 use crate::records;
 pub use crate::transform::OwnedRecord as Rec;
-use crate::transform::{Failure, InputRecord, Transform};
+use crate::transform::call::{self, Answer, Application};
+use crate::transform::{Failure, InputRecord, Limits, OutputRecord, Transform};
+
+/// `exactly audit`: 0 clean, 1 anomalies, 2 bad options, 3 could not complete.
+pub fn command(args: crate::config::AuditArgs) -> u8 {
+    crate::telemetry::init(crate::config::LogFormat::Text, "warn");
+    let config = match args.validate() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
+    };
+    let json = config.json;
+    match run(config) {
+        Ok(report) => {
+            if json {
+                match serde_json::to_string_pretty(&report) {
+                    Ok(s) => println!("{s}"),
+                    Err(e) => eprintln!("error: {e}"),
+                }
+            } else {
+                print!("{}", report.summary());
+            }
+            if report.anomalies() == 0 { 0 } else { 1 }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            match e {
+                Error::Config(_) | Error::Jq(_) => 2,
+                _ => 3,
+            }
+        }
+    }
+}
+
+/// Runs an audit: reads the history, replays the transform (a call-out's application only
+/// when told to), returns the report.
+pub fn run(config: AuditConfig) -> Result<Report, Error> {
+    let t = &config.transform;
+    // Compiled before anything is read: a bad program fails at once with jaq's message.
+    let transform = match &t.spec {
+        TransformSpec::Call(_) => None,
+        _ => Some(crate::transform::build(t)?),
+    };
+    let history = read::collect(&config.plan)?;
+    let mut replay = match (&t.spec, transform) {
+        (_, Some(transform)) => Replay::Transform(transform),
+        (TransformSpec::Call(spec), None) if config.replay_call => Replay::Answers {
+            answers: replay_call(spec, &history)?,
+            limits: Limits::of(t),
+        },
+        (_, None) => Replay::Lineage,
+    };
+    Ok(analyze(
+        &history,
+        &mut replay,
+        config.on_error,
+        &config.plan.outputs[0],
+        config.max_message_bytes,
+    ))
+}
 
 /// High watermark and last stable offset of one partition, at the start and end of the audit.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -50,13 +112,16 @@ impl PartitionState {
     }
 }
 
+/// The audited range of each input partition: [start, end).
+pub type Range = BTreeMap<(String, i32), (i64, i64)>;
+
 /// Everything the audit read.
 #[derive(Clone, Debug, Default)]
 pub struct History {
     /// Input records in the audited range, read_committed.
     pub inputs: Vec<Rec>,
     /// Audited range per input partition: [start, end).
-    pub range: BTreeMap<(String, i32), (i64, i64)>,
+    pub range: Range,
     /// Output records, read_committed, all output topics.
     pub outputs: Vec<Rec>,
     /// DLQ records, read_committed.
@@ -211,97 +276,118 @@ struct Expected {
     value: Option<Vec<u8>>,
 }
 
-/// The call-out's application, asked again about every input of `history` (in batches of
-/// `--call-batch-records`), as a transform that hands out those answers for the replay.
-pub fn replay_call(
-    spec: &crate::config::CallSpec,
-    config: &crate::config::TransformConfig,
-    history: &History,
-) -> Result<Box<dyn Transform>, crate::error::Error> {
-    use crate::transform::call::{Answer, Call};
-    struct Replayed {
-        call: Call,
+/// What the audit replays to know what each input should have become.
+pub enum Replay {
+    /// Nothing: a call-out whose application is not asked again. Judged by lineage alone.
+    Lineage,
+    /// The transform the pipeline runs.
+    Transform(Box<dyn Transform>),
+    /// The call-out's application, asked again: its answer for each input.
+    Answers {
+        /// By (topic, partition, offset).
         answers: HashMap<(String, i32, i64), Answer>,
+        /// The limits the pipeline holds answers to.
+        limits: Limits,
+    },
+}
+
+impl Replay {
+    /// Whether there is anything to compare with.
+    fn replays(&self) -> bool {
+        !matches!(self, Replay::Lineage)
     }
-    impl Transform for Replayed {
-        fn apply<'a>(
-            &mut self,
-            input: &InputRecord<'a>,
-        ) -> Result<Vec<crate::transform::OutputRecord<'a>>, Failure> {
-            let id = (input.topic.to_string(), input.partition, input.offset);
-            if let Some(answer) = self.answers.remove(&id) {
-                self.call.prepare(input, answer);
+
+    /// What `input` becomes in the replay.
+    fn outputs<'a>(&mut self, input: &InputRecord<'a>) -> Result<Vec<OutputRecord<'a>>, Failure> {
+        match self {
+            Replay::Lineage => Err(Failure::Unavailable("no replay".into())),
+            Replay::Transform(t) => t.apply(input),
+            Replay::Answers { answers, limits } => {
+                let id = (input.topic.to_string(), input.partition, input.offset);
+                match answers.remove(&id) {
+                    Some(answer) => call::outputs(input, answer, limits),
+                    None => Err(Failure::Unavailable(format!(
+                        "no answer for {}",
+                        call::lineage(input)
+                    ))),
+                }
             }
-            self.call.apply(input)
         }
     }
+}
+
+/// The call-out's application, asked again about every input of `history` (in batches of
+/// `--call-batch-records`): its answers, for the replay.
+pub fn replay_call(
+    spec: &crate::config::CallSpec,
+    history: &History,
+) -> Result<HashMap<(String, i32, i64), Answer>, Error> {
+    let failed = |why: String| Error::Startup(format!("--replay-call: {why}"));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
-        .map_err(|e| crate::error::Error::Startup(format!("--replay-call: {e}")))?;
-    let limits = crate::transform::Limits {
-        max_output_bytes: config.max_output_bytes,
-        max_outputs: config.max_outputs_per_record,
-    };
-    let call = Call::new(spec, limits, runtime.handle().clone())?;
+        .map_err(|e| failed(e.to_string()))?;
+    let app = call::Http::new(spec, runtime.handle().clone())?;
     let mut answers = HashMap::new();
     for batch in history.inputs.chunks(spec.batch_records.max(1)) {
         let inputs: Vec<InputRecord<'_>> = batch.iter().map(Rec::as_input).collect();
-        let called = call
+        let called = app
             .submit(&inputs, spec.timeout)
             .wait(spec.timeout + std::time::Duration::from_secs(1));
         let got = match called.map(|c| c.answers) {
             Some(Ok(got)) => got,
-            Some(Err(e)) => {
-                return Err(crate::error::Error::Startup(format!("--replay-call: {e}")));
-            }
-            None => {
-                return Err(crate::error::Error::Startup(
-                    "--replay-call: the application did not answer".into(),
-                ));
-            }
+            Some(Err(e)) => return Err(failed(e.to_string())),
+            None => return Err(failed("the application did not answer".into())),
         };
         for (r, a) in batch.iter().zip(got) {
             answers.insert((r.topic.clone(), r.partition, r.offset), a);
         }
     }
-    Ok(Box::new(Replayed { call, answers }))
+    Ok(answers)
 }
 
 /// The DLQ reason of a record whose output the broker rejected.
 const REJECTED: &str = crate::transform::Reason::RejectedByBroker.as_str();
 
-/// Checks a history against a replay of `transform`; without one (a call-out not replayed),
-/// by lineage alone: every judged input has outputs (indices 0, 1, … without a gap) or a DLQ
-/// record, and nothing is there twice.
+type Id = (String, i32, i64);
+
+/// What the replay says each judged input should have become.
+#[derive(Default)]
+struct Expectations {
+    outputs: HashMap<Lineage, Expected>,
+    dlq: HashSet<Id>,
+    /// Beyond the group's committed offsets, or not replayable: not judged.
+    pending: HashSet<Id>,
+}
+
+/// What the history holds, by input.
+#[derive(Default)]
+struct Seen {
+    outputs: HashMap<Lineage, usize>,
+    output_sources: HashSet<Id>,
+    dlq: HashMap<Id, usize>,
+}
+
+/// Checks a history against a replay; without one (a call-out not replayed), by lineage
+/// alone: every judged input has outputs (indices 0, 1, … without a gap) or a DLQ record, and
+/// nothing is there twice.
 pub fn analyze(
     history: &History,
-    mut transform: Option<&mut dyn Transform>,
+    replay: &mut Replay,
     on_error: OnError,
     default_output: &str,
     max_message_bytes: usize,
 ) -> Report {
     let mut r = Report {
-        replayed: transform.is_some(),
+        replayed: replay.replays(),
         inputs: history.inputs.len(),
         aborted: history.aborted,
         partitions: history.partitions.clone(),
         ..Report::default()
     };
-    let judged = |t: &str, p: i32, o: i64| match &history.committed {
-        Some(c) => c.get(&(t.to_string(), p)).is_some_and(|&next| o < next),
-        None => true,
-    };
-    let in_range = |t: &str, p: i32, o: i64| {
-        history
-            .range
-            .get(&(t.to_string(), p))
-            .is_some_and(|&(start, end)| o >= start && o < end)
-    };
-
     // Inputs the broker refused outputs of: their DLQ copies stand in for the outputs.
-    let rejected: HashSet<(String, i32, i64)> = history
+    let rejected: HashSet<Id> = history
         .dlq
         .iter()
         .filter(|d| d.header(headers::ERROR_REASON) == Some(REJECTED.as_bytes()))
@@ -309,51 +395,104 @@ pub fn analyze(
         .map(|l| (l.0, l.1, l.2))
         .collect();
     r.rejected_by_broker = rejected.len();
+    let expected = expect(
+        history,
+        replay,
+        &rejected,
+        on_error,
+        default_output,
+        max_message_bytes,
+    );
+    r.pending = expected.pending.len();
+    r.expected_outputs = expected.outputs.len();
+    r.expected_dlq = expected.dlq.len();
+    let mut seen = Seen::default();
+    check_outputs(&mut r, history, &expected, &mut seen);
+    check_dlq(&mut r, history, &expected, &mut seen);
+    if !r.replayed {
+        account_by_lineage(&mut r, history, &expected.pending, &seen.outputs, &seen.dlq);
+    }
+    check_order(&mut r, history);
+    r.group_reached_end = history.committed.as_ref().map(|c| {
+        history
+            .range
+            .iter()
+            .all(|(tp, &(_, end))| c.get(tp).is_some_and(|&next| next >= end))
+    });
+    for p in &history.partitions {
+        if p.hanging() {
+            r.hanging_partitions += 1;
+            r.note(format!(
+                "{}[{}]: last stable offset stuck at {} below high watermark {} (hanging transaction)",
+                p.topic, p.partition, p.last_stable_offset_at_end, p.high_watermark_at_end
+            ));
+        }
+    }
+    r
+}
 
-    // Replay.
-    let mut expected: HashMap<Lineage, Expected> = HashMap::new();
-    let mut expected_dlq: HashSet<(String, i32, i64)> = HashSet::new();
-    let mut pending: HashSet<(String, i32, i64)> = HashSet::new();
+/// The replay of every judged input: the outputs and DLQ records it should have.
+fn expect(
+    history: &History,
+    replay: &mut Replay,
+    rejected: &HashSet<Id>,
+    on_error: OnError,
+    default_output: &str,
+    max_message_bytes: usize,
+) -> Expectations {
+    let mut e = Expectations::default();
+    let judged = |t: &str, p: i32, o: i64| match &history.committed {
+        Some(c) => c.get(&(t.to_string(), p)).is_some_and(|&next| o < next),
+        None => true,
+    };
     for input in &history.inputs {
         let id = (input.topic.clone(), input.partition, input.offset);
         if !judged(&input.topic, input.partition, input.offset) {
-            pending.insert(id);
+            e.pending.insert(id);
             continue;
         }
-        let Some(transform) = transform.as_deref_mut() else {
+        if !replay.replays() {
             continue;
-        };
-        match records::outputs(transform, &input.as_input(), true, max_message_bytes) {
+        }
+        let record = input.as_input();
+        let outs = replay.outputs(&record);
+        match records::outputs(&record, outs, true, max_message_bytes) {
             Ok(_) if on_error == OnError::Dlq && rejected.contains(&id) => {
-                expected_dlq.insert(id);
+                e.dlq.insert(id);
             }
             Ok(outs) => {
                 for (i, o) in outs.into_iter().enumerate() {
-                    let e = Expected {
+                    let expected = Expected {
                         topic: o.topic.unwrap_or_else(|| default_output.to_string()),
                         key: o.key.map(|k| k.into_owned()),
                         value: o.value.map(|v| v.into_owned()),
                     };
-                    expected.insert((id.0.clone(), id.1, id.2, i), e);
+                    e.outputs.insert((id.0.clone(), id.1, id.2, i), expected);
                 }
             }
             // The replay cannot say what the pipeline got: neither judged nor an anomaly.
             Err(Failure::Unavailable(_)) => {
-                pending.insert(id);
+                e.pending.insert(id);
             }
             Err(Failure::BadRecord(_)) if on_error == OnError::Dlq => {
-                expected_dlq.insert(id);
+                e.dlq.insert(id);
             }
             Err(Failure::BadRecord(_)) => {}
         }
     }
-    r.pending = pending.len();
-    r.expected_outputs = expected.len();
-    r.expected_dlq = expected_dlq.len();
+    e
+}
 
-    // Outputs.
-    let mut seen: HashMap<Lineage, usize> = HashMap::new();
-    let mut output_sources: HashSet<(String, i32, i64)> = HashSet::new();
+/// Whether an output's lineage names an input of the audited range.
+fn in_range(history: &History, l: &Lineage) -> bool {
+    history
+        .range
+        .get(&(l.0.clone(), l.1))
+        .is_some_and(|&(start, end)| l.2 >= start && l.2 < end)
+}
+
+/// Every output of the range: once each, and as the replay has it; every expected one there.
+fn check_outputs(r: &mut Report, history: &History, expected: &Expectations, seen: &mut Seen) {
     for o in &history.outputs {
         let Some(l) = o.header(LINEAGE).and_then(headers::parse_lineage) else {
             r.without_lineage += 1;
@@ -363,24 +502,24 @@ pub fn analyze(
             ));
             continue;
         };
-        if !in_range(&l.0, l.1, l.2) {
+        if !in_range(history, &l) {
             continue;
         }
         r.outputs += 1;
-        output_sources.insert((l.0.clone(), l.1, l.2));
-        let n = seen.entry(l.clone()).or_default();
+        seen.output_sources.insert((l.0.clone(), l.1, l.2));
+        let n = seen.outputs.entry(l.clone()).or_default();
         *n += 1;
         if *n > 1 {
             r.duplicated += 1;
             r.note(format!("output {} seen {} times", show(&l), n));
             continue;
         }
-        if pending.contains(&(l.0.clone(), l.1, l.2)) || !r.replayed {
+        if expected.pending.contains(&(l.0.clone(), l.1, l.2)) || !r.replayed {
             // Processed after the committed offsets were read (not judged), or nothing to
             // compare with.
             continue;
         }
-        match expected.get(&l) {
+        match expected.outputs.get(&l) {
             None => {
                 r.unexpected += 1;
                 r.note(format!(
@@ -402,15 +541,17 @@ pub fn analyze(
             Some(_) => {}
         }
     }
-    for l in expected.keys() {
-        if !seen.contains_key(l) {
+    for l in expected.outputs.keys() {
+        if !seen.outputs.contains_key(l) {
             r.lost += 1;
             r.note(format!("output {} is missing", show(l)));
         }
     }
+}
 
-    // DLQ.
-    let mut dlq_seen: HashMap<(String, i32, i64), usize> = HashMap::new();
+/// Every DLQ record of the range: once each, never beside an output, only for inputs the
+/// replay refuses; every expected one there.
+fn check_dlq(r: &mut Report, history: &History, expected: &Expectations, seen: &mut Seen) {
     for d in &history.dlq {
         let Some(l) = d.header(LINEAGE).and_then(headers::parse_lineage) else {
             r.without_lineage += 1;
@@ -420,23 +561,23 @@ pub fn analyze(
             ));
             continue;
         };
-        let id = (l.0.clone(), l.1, l.2);
-        if !in_range(&id.0, id.1, id.2) {
+        if !in_range(history, &l) {
             continue;
         }
+        let id = (l.0.clone(), l.1, l.2);
         r.dlq += 1;
-        let n = dlq_seen.entry(id.clone()).or_default();
+        let n = seen.dlq.entry(id.clone()).or_default();
         *n += 1;
         if *n > 1 {
             r.duplicated += 1;
             r.note(format!("DLQ record for {} seen {} times", show(&l), n));
             continue;
         }
-        if output_sources.contains(&id) {
+        if seen.output_sources.contains(&id) {
             r.in_output_and_dlq += 1;
             r.note(format!("{} is in both the output and the DLQ", show(&l)));
         }
-        if r.replayed && !pending.contains(&id) && !expected_dlq.contains(&id) {
+        if r.replayed && !expected.pending.contains(&id) && !expected.dlq.contains(&id) {
             r.unexpected += 1;
             r.note(format!(
                 "DLQ record for {} but the transform succeeds on it",
@@ -444,11 +585,8 @@ pub fn analyze(
             ));
         }
     }
-    if !r.replayed {
-        account_by_lineage(&mut r, history, &pending, &seen, &dlq_seen);
-    }
-    for id in &expected_dlq {
-        if !dlq_seen.contains_key(id) {
+    for id in &expected.dlq {
+        if !seen.dlq.contains_key(id) {
             r.lost += 1;
             r.note(format!(
                 "DLQ record for {}/{}/{} is missing",
@@ -456,8 +594,10 @@ pub fn analyze(
             ));
         }
     }
+}
 
-    // Order: on each output partition, one source partition's outputs keep its order.
+/// On each output partition, one source partition's outputs keep its order.
+fn check_order(r: &mut Report, history: &History) {
     let mut by_partition: BTreeMap<(&str, i32), Vec<&Rec>> = BTreeMap::new();
     for o in history.outputs.iter().chain(&history.dlq) {
         by_partition
@@ -478,38 +618,21 @@ pub fn analyze(
                 continue;
             }
             let key = (l.0.clone(), l.1);
-            if let Some(&(po, pi, at)) = last.get(&key) {
-                if (l.2, l.3) < (po, pi) {
-                    r.order_violations += 1;
-                    r.note(format!(
-                        "{topic}[{partition}]: {} at offset {} comes after {}/{}/{po}/{pi} at {at}",
-                        show(&l),
-                        o.offset,
-                        l.0,
-                        l.1
-                    ));
-                }
+            if let Some(&(po, pi, at)) = last.get(&key)
+                && (l.2, l.3) < (po, pi)
+            {
+                r.order_violations += 1;
+                r.note(format!(
+                    "{topic}[{partition}]: {} at offset {} comes after {}/{}/{po}/{pi} at {at}",
+                    show(&l),
+                    o.offset,
+                    l.0,
+                    l.1
+                ));
             }
             last.insert(key, (l.2, l.3, o.offset));
         }
     }
-
-    r.group_reached_end = history.committed.as_ref().map(|c| {
-        history
-            .range
-            .iter()
-            .all(|(tp, &(_, end))| c.get(tp).is_some_and(|&next| next >= end))
-    });
-    for p in &history.partitions {
-        if p.hanging() {
-            r.hanging_partitions += 1;
-            r.note(format!(
-                "{}[{}]: last stable offset stuck at {} below high watermark {} (hanging transaction)",
-                p.topic, p.partition, p.last_stable_offset_at_end, p.high_watermark_at_end
-            ));
-        }
-    }
-    r
 }
 
 /// Without a replay: each judged input in the range has outputs 0..n (none missing between)
@@ -567,8 +690,6 @@ fn preview(v: Option<&[u8]>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::TransformSpec;
-    use crate::transform::Limits;
 
     const LIMITS: Limits = Limits {
         max_output_bytes: 10_000,
@@ -627,7 +748,7 @@ mod tests {
     fn check(h: &History) -> Report {
         analyze(
             h,
-            Some(jq(".n * 10").as_mut()),
+            &mut Replay::Transform(jq(".n * 10")),
             OnError::Dlq,
             "out",
             1_000_000,
@@ -653,7 +774,8 @@ mod tests {
 
     #[test]
     fn without_a_replay_the_lineage_accounts_for_every_input() {
-        let by_lineage = |h: &History| analyze(h, None, OnError::Dlq, "out", 1_000_000);
+        let by_lineage =
+            |h: &History| analyze(h, &mut Replay::Lineage, OnError::Dlq, "out", 1_000_000);
         let r = by_lineage(&clean());
         assert_eq!(r.anomalies(), 0, "{}", r.summary());
         assert!(!r.replayed && r.summary().contains("not replayed"));

@@ -51,64 +51,24 @@ fn kafka(context: &str) -> impl FnOnce(KafkaError) -> Error + '_ {
     }
 }
 
+/// The audit's two readers: `read_committed`, as a downstream consumer reads, and
+/// `read_uncommitted`, which also sees what aborted transactions wrote.
+struct Readers<'p> {
+    plan: &'p Plan,
+    committed: AuditConsumer,
+    uncommitted: AuditConsumer,
+}
+
 /// Reads everything [`super::analyze`] needs.
 pub fn collect(plan: &Plan) -> Result<History, Error> {
-    let committed_client = client(plan, Isolation::ReadCommitted)?;
-    let uncommitted_client = client(plan, Isolation::ReadUncommitted)?;
-    let mut topics: Vec<&String> = plan.inputs.iter().chain(&plan.outputs).collect();
-    topics.extend(plan.dlq.iter());
-
-    let mut partitions: BTreeMap<String, i32> = BTreeMap::new();
-    for t in &topics {
-        let md = committed_client
-            .fetch_metadata(Some(t), plan.timeout)
-            .map_err(kafka("reading topic metadata"))?;
-        let n = md
-            .topics()
-            .iter()
-            .find(|x| x.name() == t.as_str() && x.error().is_none())
-            .map(|x| x.partitions().len() as i32)
-            .ok_or_else(|| Error::Config(format!("topic '{t}' does not exist")))?;
-        partitions.insert(t.to_string(), n);
-    }
-    // Watermarks at the start: a read_committed client's high watermark is the LSO.
-    let mut states = Vec::new();
-    for (t, &n) in &partitions {
-        for p in 0..n {
-            let (_, hw) = uncommitted_client
-                .fetch_watermarks(t, p, plan.timeout)
-                .map_err(kafka("reading high watermarks"))?;
-            let (_, lso) = committed_client
-                .fetch_watermarks(t, p, plan.timeout)
-                .map_err(kafka("reading last stable offsets"))?;
-            states.push(PartitionState {
-                topic: t.clone(),
-                partition: p,
-                high_watermark: hw,
-                last_stable_offset: lso,
-                high_watermark_at_end: hw,
-                last_stable_offset_at_end: lso,
-            });
-        }
-    }
-
-    // The input range.
-    let mut range = BTreeMap::new();
-    for t in &plan.inputs {
-        for p in 0..partitions[t] {
-            let (low, _) = uncommitted_client
-                .fetch_watermarks(t, p, plan.timeout)
-                .map_err(kafka("reading low watermarks"))?;
-            let lso = states
-                .iter()
-                .find(|s| &s.topic == t && s.partition == p)
-                .map_or(0, |s| s.last_stable_offset);
-            let start = resolve(&committed_client, &plan.from, t, p, low, plan.timeout)?;
-            let end = resolve(&committed_client, &plan.to, t, p, lso, plan.timeout)?.min(lso);
-            range.insert((t.clone(), p), (start.max(low), end));
-        }
-    }
-
+    let r = Readers {
+        plan,
+        committed: client(plan, Isolation::ReadCommitted)?,
+        uncommitted: client(plan, Isolation::ReadUncommitted)?,
+    };
+    let partitions = r.partitions()?;
+    let mut states = r.states(&partitions)?;
+    let range = r.input_range(&partitions, &states)?;
     // Committed offsets before outputs (see the module comment). Without require_stable
     // (a read_uncommitted client does not ask for it): a hanging transaction must not block.
     let committed = match &plan.group {
@@ -120,7 +80,6 @@ pub fn collect(plan: &Plan) -> Result<History, Error> {
             Some(store.read(g, &partitions)?)
         }
     };
-
     let mut inputs = Vec::new();
     for t in &plan.inputs {
         let ranges: BTreeMap<i32, (i64, i64)> = range
@@ -128,54 +87,17 @@ pub fn collect(plan: &Plan) -> Result<History, Error> {
             .filter(|((rt, _), _)| rt == t)
             .map(|((_, p), r)| (*p, *r))
             .collect();
-        inputs.extend(read_ranges(&committed_client, t, &ranges, plan.timeout)?);
+        inputs.extend(read_ranges(&r.committed, t, &ranges, plan.timeout)?);
     }
     let first_ts = inputs.iter().filter_map(|r| r.timestamp).min();
-    let mut output_topics: Vec<&String> = plan.outputs.iter().collect();
-    output_topics.extend(plan.dlq.iter());
-    let mut outputs = Vec::new();
-    let mut dlq = Vec::new();
-    let mut aborted = 0;
-    for t in output_topics {
-        let mut ranges = BTreeMap::new();
-        for p in 0..partitions[t] {
-            // Outputs carry their input's timestamp: start where the range's oldest input is.
-            let start = match first_ts {
-                Some(ts) => resolve(&committed_client, &Bound::Time(ts), t, p, 0, plan.timeout)?,
-                None => 0,
-            };
-            ranges.insert(p, (start, i64::MAX));
-        }
-        let committed_recs = read_ranges(&committed_client, t, &ranges, plan.timeout)?;
-        let visible: HashSet<(i32, i64)> = committed_recs
-            .iter()
-            .map(|r| (r.partition, r.offset))
-            .collect();
-        let all = read_ranges(&uncommitted_client, t, &ranges, plan.timeout)?;
-        aborted += all
-            .iter()
-            .filter(|r| !visible.contains(&(r.partition, r.offset)))
-            .count();
-        if Some(t) == plan.dlq.as_ref() {
-            dlq.extend(committed_recs);
-        } else {
-            outputs.extend(committed_recs);
-        }
-    }
-
+    let (outputs, dlq, aborted) = r.outputs(&partitions, first_ts)?;
     // Watermarks at the end: a partition whose LSO did not move while it stayed below the
     // high watermark holds a hanging transaction.
     for s in &mut states {
-        let (_, hw) = uncommitted_client
-            .fetch_watermarks(&s.topic, s.partition, plan.timeout)
-            .map_err(kafka("reading high watermarks"))?;
-        let (_, lso) = committed_client
-            .fetch_watermarks(&s.topic, s.partition, plan.timeout)
-            .map_err(kafka("reading last stable offsets"))?;
+        let (hw, lso) = r.watermarks(&s.topic, s.partition)?;
         s.high_watermark_at_end = hw;
         s.last_stable_offset_at_end = lso;
     }
-
     Ok(History {
         inputs,
         range,
@@ -185,6 +107,130 @@ pub fn collect(plan: &Plan) -> Result<History, Error> {
         committed,
         partitions: states,
     })
+}
+
+impl Readers<'_> {
+    /// The partition count of every audited topic.
+    fn partitions(&self) -> Result<BTreeMap<String, i32>, Error> {
+        let plan = self.plan;
+        let mut partitions = BTreeMap::new();
+        for t in plan
+            .inputs
+            .iter()
+            .chain(&plan.outputs)
+            .chain(plan.dlq.iter())
+        {
+            let md = self
+                .committed
+                .fetch_metadata(Some(t), plan.timeout)
+                .map_err(kafka("reading topic metadata"))?;
+            let n = md
+                .topics()
+                .iter()
+                .find(|x| x.name() == t.as_str() && x.error().is_none())
+                .map(|x| x.partitions().len() as i32)
+                .ok_or_else(|| Error::Config(format!("topic '{t}' does not exist")))?;
+            partitions.insert(t.to_string(), n);
+        }
+        Ok(partitions)
+    }
+
+    /// High watermark and last stable offset of a partition (a read_committed client's high
+    /// watermark is the LSO).
+    fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), Error> {
+        let timeout = self.plan.timeout;
+        let (_, hw) = self
+            .uncommitted
+            .fetch_watermarks(topic, partition, timeout)
+            .map_err(kafka("reading high watermarks"))?;
+        let (_, lso) = self
+            .committed
+            .fetch_watermarks(topic, partition, timeout)
+            .map_err(kafka("reading last stable offsets"))?;
+        Ok((hw, lso))
+    }
+
+    /// Every partition's watermarks at the start.
+    fn states(&self, partitions: &BTreeMap<String, i32>) -> Result<Vec<PartitionState>, Error> {
+        let mut states = Vec::new();
+        for (t, &n) in partitions {
+            for p in 0..n {
+                let (hw, lso) = self.watermarks(t, p)?;
+                states.push(PartitionState {
+                    topic: t.clone(),
+                    partition: p,
+                    high_watermark: hw,
+                    last_stable_offset: lso,
+                    high_watermark_at_end: hw,
+                    last_stable_offset_at_end: lso,
+                });
+            }
+        }
+        Ok(states)
+    }
+
+    /// The audited range of each input partition, [start, end), within what is stable.
+    fn input_range(
+        &self,
+        partitions: &BTreeMap<String, i32>,
+        states: &[PartitionState],
+    ) -> Result<super::Range, Error> {
+        let plan = self.plan;
+        let mut range = BTreeMap::new();
+        for t in &plan.inputs {
+            for p in 0..partitions[t] {
+                let (low, _) = self
+                    .uncommitted
+                    .fetch_watermarks(t, p, plan.timeout)
+                    .map_err(kafka("reading low watermarks"))?;
+                let lso = states
+                    .iter()
+                    .find(|s| &s.topic == t && s.partition == p)
+                    .map_or(0, |s| s.last_stable_offset);
+                let start = resolve(&self.committed, &plan.from, t, p, low, plan.timeout)?;
+                let end = resolve(&self.committed, &plan.to, t, p, lso, plan.timeout)?.min(lso);
+                range.insert((t.clone(), p), (start.max(low), end));
+            }
+        }
+        Ok(range)
+    }
+
+    /// The output and DLQ records from the oldest input's time on (outputs carry their
+    /// input's timestamp), read_committed, and how many more only read_uncommitted sees.
+    fn outputs(
+        &self,
+        partitions: &BTreeMap<String, i32>,
+        first_ts: Option<i64>,
+    ) -> Result<(Vec<Rec>, Vec<Rec>, usize), Error> {
+        let plan = self.plan;
+        let (mut outputs, mut dlq, mut aborted) = (Vec::new(), Vec::new(), 0);
+        for t in plan.outputs.iter().chain(plan.dlq.iter()) {
+            let mut ranges = BTreeMap::new();
+            for p in 0..partitions[t] {
+                let start = match first_ts {
+                    Some(ts) => resolve(&self.committed, &Bound::Time(ts), t, p, 0, plan.timeout)?,
+                    None => 0,
+                };
+                ranges.insert(p, (start, i64::MAX));
+            }
+            let committed_recs = read_ranges(&self.committed, t, &ranges, plan.timeout)?;
+            let visible: HashSet<(i32, i64)> = committed_recs
+                .iter()
+                .map(|r| (r.partition, r.offset))
+                .collect();
+            let all = read_ranges(&self.uncommitted, t, &ranges, plan.timeout)?;
+            aborted += all
+                .iter()
+                .filter(|r| !visible.contains(&(r.partition, r.offset)))
+                .count();
+            if Some(t) == plan.dlq.as_ref() {
+                dlq.extend(committed_recs);
+            } else {
+                outputs.extend(committed_recs);
+            }
+        }
+        Ok((outputs, dlq, aborted))
+    }
 }
 
 /// The offset a bound means on one partition; `edge` where it does not say.

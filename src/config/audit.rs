@@ -140,6 +140,8 @@ pub struct AuditConfig {
     pub plan: Plan,
     /// The transform.
     pub transform: TransformConfig,
+    /// What the run did with a record that could not be transformed.
+    pub on_error: OnError,
     /// Call the application again (a call-out), rather than account by lineage alone.
     pub replay_call: bool,
     /// JSON output.
@@ -157,8 +159,9 @@ impl AuditArgs {
         for t in &self.output_topics {
             check_topic_name("--output-topic", t)?;
         }
+        let on_error = self.transform.on_error;
         let transform = self.transform.resolve(Some(self.call))?;
-        let dlq = match (self.dlq_topic, transform.on_error) {
+        let dlq = match (self.dlq_topic, on_error) {
             (Some(d), _) => Some(d),
             (None, OnError::Dlq) => Some(format!("{}.dlq", self.output_topics[0])),
             (None, _) => None,
@@ -201,6 +204,7 @@ impl AuditArgs {
                 timeout: self.timeout,
             },
             transform,
+            on_error,
             replay_call: self.replay_call,
             json: self.json,
             max_message_bytes: self.max_message_bytes,

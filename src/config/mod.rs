@@ -23,7 +23,10 @@ use crate::error::Error;
 use crate::kafka::{REDACTED, is_secret};
 
 pub use audit::{AuditArgs, AuditConfig, Bound, Plan};
-pub use run::{Config, Guarantee, Input, RunArgs, TestAborts};
+pub use run::{
+    CommitPolicy, Config, ErrorPolicy, GroupConfig, Guarantee, Input, RunArgs, SinkConfig,
+    TestAborts, TestSwitches,
+};
 pub use transform::{CallArgs, CallSpec, OnError, TransformArgs, TransformConfig, TransformSpec};
 
 /// The command line.

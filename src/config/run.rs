@@ -191,53 +191,98 @@ pub enum TestAborts {
     Probability(f64),
 }
 
-/// Validated configuration of `exactly run`.
+/// Validated configuration of `exactly run`, in the parts each piece of the pipeline is built
+/// from.
 #[derive(Clone, Debug)]
 pub struct Config {
     /// How to reach Kafka, and the user's extra librdkafka settings.
     pub kafka: Settings,
-    /// Input topics.
-    pub input: Input,
-    /// Default output topic.
-    pub output_topic: String,
-    /// Consumer group.
-    pub group_id: String,
-    /// Stable instance identity.
-    pub instance_id: String,
-    /// Producer transactional id.
-    pub transactional_id: String,
-    /// Join as a static member.
-    pub static_membership: bool,
-    /// Transactions, or batches committed after delivery.
-    pub guarantee: Guarantee,
-    /// Commit after this long.
-    pub commit_interval: Duration,
-    /// Commit after this many input records.
-    pub max_records_per_txn: u64,
-    /// Commit after this many input bytes.
-    pub max_bytes_per_txn: u64,
-    /// transaction.timeout.ms.
-    pub transaction_timeout: Duration,
-    /// The transform and its error policy.
+    /// What is read, and the consumer group that reads it.
+    pub group: GroupConfig,
+    /// Where outputs go, and how they become durable.
+    pub sink: SinkConfig,
+    /// When the open transaction commits.
+    pub commit: CommitPolicy,
+    /// The transform.
     pub transform: TransformConfig,
-    /// Dead-letter topic.
-    pub dlq_topic: String,
+    /// What happens to a record that cannot be transformed or written.
+    pub errors: ErrorPolicy,
     /// Add the lineage header.
     pub lineage: bool,
-    /// Start-up deadline.
-    pub startup_timeout: Duration,
     /// Shutdown grace.
     pub shutdown_grace: Duration,
     /// HTTP endpoints address (None: off).
     pub http_addr: Option<std::net::SocketAddr>,
     /// Refresh period of the lag gauges.
     pub lag_interval: Duration,
-    /// Testing only: transactions to abort instead of committing.
-    pub test_aborts: Option<TestAborts>,
-    /// Testing only: sends that fail before reaching librdkafka.
-    pub test_fail_sends: u64,
-    /// Testing only: records the transform refuses as unavailable first.
-    pub test_unavailable: u64,
+    /// Testing only: failures on purpose.
+    pub test: TestSwitches,
+}
+
+/// What is read, and the consumer group that reads it.
+#[derive(Clone, Debug)]
+pub struct GroupConfig {
+    /// Input topics.
+    pub input: Input,
+    /// Consumer group.
+    pub group_id: String,
+    /// Stable instance identity.
+    pub instance_id: String,
+    /// Join as a static member.
+    pub static_membership: bool,
+}
+
+/// Where outputs go, and how they become durable with the offsets.
+#[derive(Clone, Debug)]
+pub struct SinkConfig {
+    /// Transactions, or batches committed after delivery.
+    pub guarantee: Guarantee,
+    /// Default output topic.
+    pub output_topic: String,
+    /// Producer transactional id.
+    pub transactional_id: String,
+    /// transaction.timeout.ms; also the bound of every blocking call.
+    pub transaction_timeout: Duration,
+    /// How long start-up waits for the sink to connect.
+    pub startup_timeout: Duration,
+}
+
+/// When the open transaction commits: whichever bound it reaches first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommitPolicy {
+    /// This long after it began.
+    pub interval: Duration,
+    /// This many input records.
+    pub max_records: u64,
+    /// This many input bytes (keys and values).
+    pub max_bytes: u64,
+}
+
+impl CommitPolicy {
+    /// Whether a transaction open for `age` with `records` and `bytes` must commit now.
+    pub fn due(&self, age: Duration, records: u64, bytes: u64) -> bool {
+        age >= self.interval || records >= self.max_records || bytes >= self.max_bytes
+    }
+}
+
+/// What happens to a record that cannot be transformed or written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ErrorPolicy {
+    /// DLQ, skip or fail.
+    pub on_error: OnError,
+    /// Dead-letter topic.
+    pub dlq_topic: String,
+}
+
+/// Testing only: failures on purpose, through the same paths as real ones. None by default.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TestSwitches {
+    /// Transactions to abort instead of committing.
+    pub aborts: Option<TestAborts>,
+    /// Sends that fail before reaching librdkafka.
+    pub fail_sends: u64,
+    /// Records the transform refuses as unavailable first.
+    pub unavailable: u64,
 }
 
 impl Config {
@@ -245,22 +290,80 @@ impl Config {
     /// transaction timeout, plus a margin. `/livez` fails past it, and it is the consumer's
     /// `max.poll.interval.ms` (the group's rebalance timeout).
     pub fn loop_bound(&self) -> Duration {
-        self.transaction_timeout + Duration::from_secs(15)
+        self.sink.transaction_timeout + Duration::from_secs(15)
     }
 }
 
 impl RunArgs {
     /// Checks how the values fit together and fills in derived defaults.
     pub fn validate(self) -> Result<Config, Error> {
-        let err = |m: String| Err(Error::Config(m));
         if self.bootstrap_servers.trim().is_empty() {
-            return err("--bootstrap-servers: must not be empty".into());
+            return Err(Error::Config(
+                "--bootstrap-servers: must not be empty".into(),
+            ));
         }
-        let input = match self.input_pattern {
+        let group = self.group()?;
+        let errors = self.errors()?;
+        let commit = self.commit_policy()?;
+        let sink = self.sink(&group)?;
+        check_passthrough("--consumer-config", &self.consumer_config, CONSUMER_OWNED)?;
+        check_passthrough("--producer-config", &self.producer_config, PRODUCER_OWNED)?;
+        let test = self.test_switches();
+        let transform = self.transform.resolve(Some(self.call))?;
+        if let TransformSpec::Call(call) = &transform.spec {
+            if call.timeout >= sink.transaction_timeout {
+                return Err(Error::Config(format!(
+                    "--call-timeout: {} must be shorter than --transaction-timeout {}",
+                    humantime::format_duration(call.timeout),
+                    humantime::format_duration(sink.transaction_timeout)
+                )));
+            }
+            if test.unavailable > 0 {
+                return Err(Error::Config(
+                    "--test-unavailable: not with --call-url (stop the application instead)".into(),
+                ));
+            }
+        }
+        if self.shutdown_grace.is_zero() {
+            return Err(Error::Config(
+                "--shutdown-grace: must be greater than 0".into(),
+            ));
+        }
+        if self.lag_interval < Duration::from_millis(100)
+            || self.lag_interval > Duration::from_secs(3600)
+        {
+            return Err(Error::Config(
+                "--lag-interval: must be between 100ms and 1h".into(),
+            ));
+        }
+        Ok(Config {
+            kafka: Settings {
+                bootstrap_servers: self.bootstrap_servers,
+                client_id: format!("exactly-{}", group.instance_id),
+                common: self.client.resolve()?,
+                consumer: self.consumer_config,
+                producer: self.producer_config,
+            },
+            group,
+            sink,
+            commit,
+            transform,
+            errors,
+            lineage: !self.no_lineage,
+            shutdown_grace: self.shutdown_grace,
+            http_addr: self.http_addr,
+            lag_interval: self.lag_interval,
+            test,
+        })
+    }
+
+    /// The input, the group and this instance's identity in it.
+    fn group(&self) -> Result<GroupConfig, Error> {
+        let input = match &self.input_pattern {
             Some(p) => {
-                regex::Regex::new(&p)
+                regex::Regex::new(p)
                     .map_err(|e| Error::Config(format!("--input-pattern: not a regex: {e}")))?;
-                Input::Pattern(p)
+                Input::Pattern(p.clone())
             }
             None => {
                 let topics: Vec<String> = self
@@ -275,110 +378,109 @@ impl RunArgs {
             }
         };
         check_topic_name("--output-topic", &self.output_topic)?;
-        if let Input::Topics(ts) = &input {
-            if ts.contains(&self.output_topic) {
-                return err(format!(
-                    "--output-topic: '{}' is also an input topic; that would loop forever",
-                    self.output_topic
-                ));
-            }
+        if let Input::Topics(ts) = &input
+            && ts.contains(&self.output_topic)
+        {
+            return Err(Error::Config(format!(
+                "--output-topic: '{}' is also an input topic; that would loop forever",
+                self.output_topic
+            )));
         }
         if self.group_id.trim().is_empty() {
-            return err("--group-id: must not be empty".into());
+            return Err(Error::Config("--group-id: must not be empty".into()));
         }
+        let instance_id = self.instance_id.clone().unwrap_or_else(default_instance_id);
+        if instance_id.trim().is_empty() {
+            return Err(Error::Config(
+                "--instance-id: must not be empty (and no POD_NAME or host name)".into(),
+            ));
+        }
+        Ok(GroupConfig {
+            input,
+            group_id: self.group_id.clone(),
+            instance_id,
+            static_membership: self.static_membership,
+        })
+    }
+
+    fn errors(&self) -> Result<ErrorPolicy, Error> {
         let dlq_topic = self
             .dlq_topic
+            .clone()
             .unwrap_or_else(|| format!("{}.dlq", self.output_topic));
         check_topic_name("--dlq-topic", &dlq_topic)?;
-        if self.transform.on_error == OnError::Dlq && dlq_topic == self.output_topic {
-            return err("--dlq-topic: must differ from --output-topic".into());
+        let on_error = self.transform.on_error;
+        if on_error == OnError::Dlq && dlq_topic == self.output_topic {
+            return Err(Error::Config(
+                "--dlq-topic: must differ from --output-topic".into(),
+            ));
         }
-        let ci = self.commit_interval;
-        let tt = self.transaction_timeout;
+        Ok(ErrorPolicy {
+            on_error,
+            dlq_topic,
+        })
+    }
+
+    fn commit_policy(&self) -> Result<CommitPolicy, Error> {
+        let (ci, tt) = (self.commit_interval, self.transaction_timeout);
         if ci.is_zero() {
-            return err("--commit-interval: must be greater than 0".into());
+            return Err(Error::Config(
+                "--commit-interval: must be greater than 0".into(),
+            ));
         }
         if tt < ci * 2 || tt < ci + Duration::from_secs(5) {
-            return err(format!(
+            return Err(Error::Config(format!(
                 "--transaction-timeout: {} is too close to --commit-interval {}; it must be at \
                  least twice the interval and 5 s longer",
                 humantime::format_duration(tt),
                 humantime::format_duration(ci)
-            ));
+            )));
         }
+        Ok(CommitPolicy {
+            interval: ci,
+            max_records: self.max_records_per_txn,
+            max_bytes: self.max_bytes_per_txn,
+        })
+    }
+
+    fn sink(&self, group: &GroupConfig) -> Result<SinkConfig, Error> {
+        let tt = self.transaction_timeout;
         if tt.as_millis() > i32::MAX as u128 {
-            return err("--transaction-timeout: too large".into());
+            return Err(Error::Config("--transaction-timeout: too large".into()));
         }
-        let instance_id = match self.instance_id {
-            Some(id) => id,
-            None => default_instance_id(),
-        };
-        if instance_id.trim().is_empty() {
-            return err("--instance-id: must not be empty (and no POD_NAME or host name)".into());
+        if self.startup_timeout.is_zero() {
+            return Err(Error::Config(
+                "--startup-timeout: must be greater than 0".into(),
+            ));
         }
         let transactional_id = self
             .transactional_id
-            .unwrap_or_else(|| format!("{}-{}", self.group_id, instance_id));
+            .clone()
+            .unwrap_or_else(|| format!("{}-{}", group.group_id, group.instance_id));
         if transactional_id.trim().is_empty() {
-            return err("--transactional-id: must not be empty".into());
-        }
-        check_passthrough("--consumer-config", &self.consumer_config, CONSUMER_OWNED)?;
-        check_passthrough("--producer-config", &self.producer_config, PRODUCER_OWNED)?;
-        let transform = self.transform.resolve(Some(self.call))?;
-        if let TransformSpec::Call(call) = &transform.spec
-            && call.timeout >= tt
-        {
-            return err(format!(
-                "--call-timeout: {} must be shorter than --transaction-timeout {}",
-                humantime::format_duration(call.timeout),
-                humantime::format_duration(tt)
+            return Err(Error::Config(
+                "--transactional-id: must not be empty".into(),
             ));
         }
-        if self.shutdown_grace.is_zero() {
-            return err("--shutdown-grace: must be greater than 0".into());
-        }
-        if self.lag_interval < Duration::from_millis(100)
-            || self.lag_interval > Duration::from_secs(3600)
-        {
-            return err("--lag-interval: must be between 100ms and 1h".into());
-        }
-        if self.startup_timeout.is_zero() {
-            return err("--startup-timeout: must be greater than 0".into());
-        }
-        Ok(Config {
-            kafka: Settings {
-                bootstrap_servers: self.bootstrap_servers,
-                client_id: format!("exactly-{instance_id}"),
-                common: self.client.resolve()?,
-                consumer: self.consumer_config,
-                producer: self.producer_config,
-            },
-            input,
-            output_topic: self.output_topic,
-            group_id: self.group_id,
-            instance_id,
-            transactional_id,
-            static_membership: self.static_membership,
+        Ok(SinkConfig {
             guarantee: self.guarantee,
-            commit_interval: ci,
-            max_records_per_txn: self.max_records_per_txn,
-            max_bytes_per_txn: self.max_bytes_per_txn,
+            output_topic: self.output_topic.clone(),
+            transactional_id,
             transaction_timeout: tt,
-            dlq_topic,
-            lineage: !self.no_lineage,
-            transform,
             startup_timeout: self.startup_timeout,
-            shutdown_grace: self.shutdown_grace,
-            http_addr: self.http_addr,
-            lag_interval: self.lag_interval,
-            test_aborts: match (self.test_abort_every, self.test_abort_probability) {
+        })
+    }
+
+    fn test_switches(&self) -> TestSwitches {
+        TestSwitches {
+            aborts: match (self.test_abort_every, self.test_abort_probability) {
                 (Some(n), _) => Some(TestAborts::Every(n)),
                 (None, Some(p)) => Some(TestAborts::Probability(p)),
                 (None, None) => None,
             },
-            test_fail_sends: self.test_fail_sends.unwrap_or(0),
-            test_unavailable: self.test_unavailable.unwrap_or(0),
-        })
+            fail_sends: self.test_fail_sends.unwrap_or(0),
+            unavailable: self.test_unavailable.unwrap_or(0),
+        }
     }
 }
 
@@ -440,20 +542,21 @@ mod tests {
     #[test]
     fn defaults_are_derived() {
         let c = parse(&[]).unwrap();
-        assert_eq!(c.transactional_id, "g-i-0");
-        assert_eq!(c.dlq_topic, "out.dlq");
-        assert_eq!(c.commit_interval, Duration::from_millis(100));
-        assert_eq!(c.transaction_timeout, Duration::from_secs(60));
-        assert_eq!(c.transform.on_error, OnError::Dlq);
+        assert_eq!(c.sink.transactional_id, "g-i-0");
+        assert_eq!(c.errors.dlq_topic, "out.dlq");
+        assert_eq!(c.commit.interval, Duration::from_millis(100));
+        assert_eq!(c.sink.transaction_timeout, Duration::from_secs(60));
+        assert_eq!(c.errors.on_error, OnError::Dlq);
         assert_eq!(c.transform.spec, TransformSpec::Passthrough);
         assert!(c.lineage);
-        assert_eq!(c.input, Input::Topics(vec!["in".into()]));
+        assert_eq!(c.group.input, Input::Topics(vec!["in".into()]));
+        assert_eq!(c.test, TestSwitches::default());
     }
 
     #[test]
     fn topics_list_and_pattern() {
         let c = parse(&[]).unwrap();
-        assert_eq!(c.input, Input::Topics(vec!["in".into()]));
+        assert_eq!(c.group.input, Input::Topics(vec!["in".into()]));
         let args = [
             "exactly",
             "run",
@@ -472,7 +575,7 @@ mod tests {
             panic!()
         };
         assert_eq!(
-            run.validate().unwrap().input,
+            run.validate().unwrap().group.input,
             Input::Topics(vec!["a".into(), "b".into()])
         );
         let args = [
@@ -493,7 +596,7 @@ mod tests {
             panic!()
         };
         assert_eq!(
-            run.validate().unwrap().input,
+            run.validate().unwrap().group.input,
             Input::Pattern("^in-.*".into())
         );
     }
@@ -744,7 +847,7 @@ mod tests {
     #[test]
     fn transactional_id_override() {
         let c = parse(&["--transactional-id", "fixed", "--static-membership"]).unwrap();
-        assert_eq!(c.transactional_id, "fixed");
-        assert!(c.static_membership);
+        assert_eq!(c.sink.transactional_id, "fixed");
+        assert!(c.group.static_membership);
     }
 }

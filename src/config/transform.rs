@@ -87,10 +87,8 @@ pub struct CallArgs {
 /// A resolved transform configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TransformConfig {
-    /// Passthrough or jq.
+    /// Passthrough, jq or the call-out.
     pub spec: TransformSpec,
-    /// Error policy.
-    pub on_error: OnError,
     /// Largest output.
     pub max_output_bytes: usize,
     /// Most outputs per input.
@@ -120,7 +118,6 @@ impl TransformArgs {
         };
         Ok(TransformConfig {
             spec,
-            on_error: self.on_error,
             max_output_bytes: usize::try_from(self.max_output_bytes).unwrap_or(usize::MAX),
             max_outputs_per_record: usize::try_from(self.max_outputs_per_record)
                 .unwrap_or(usize::MAX),

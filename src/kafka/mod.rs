@@ -26,7 +26,7 @@ use std::time::Duration;
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer;
-use rdkafka::topic_partition_list::TopicPartitionList;
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 /// How to reach the cluster, and the user's extra librdkafka settings.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -377,14 +377,54 @@ pub fn flush<P: Producer<C>, C: rdkafka::producer::ProducerContext>(
     }
 }
 
+/// A partition: (topic, partition).
+pub type Tp = (String, i32);
+
+/// The partitions of `tpl`.
+pub fn partitions(tpl: &TopicPartitionList) -> Vec<Tp> {
+    tpl.elements()
+        .iter()
+        .map(|e| (e.topic().to_string(), e.partition()))
+        .collect()
+}
+
+/// The offset of each partition of `tpl`, `None` where it has none (nothing committed).
+pub fn offsets_of(tpl: &TopicPartitionList) -> Vec<(Tp, Option<i64>)> {
+    tpl.elements()
+        .iter()
+        .map(|e| {
+            let offset = match e.offset() {
+                Offset::Offset(o) => Some(o),
+                _ => None,
+            };
+            ((e.topic().to_string(), e.partition()), offset)
+        })
+        .collect()
+}
+
+/// `partitions` as librdkafka's list, without offsets.
+pub fn partition_list(partitions: &[Tp]) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::with_capacity(partitions.len());
+    for (topic, partition) in partitions {
+        tpl.add_partition(topic, *partition);
+    }
+    tpl
+}
+
+/// `offsets` as librdkafka's list.
+pub fn offset_list(offsets: &[(Tp, i64)]) -> Result<TopicPartitionList, KafkaError> {
+    let mut tpl = TopicPartitionList::with_capacity(offsets.len());
+    for ((topic, partition), offset) in offsets {
+        tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset))?;
+    }
+    Ok(tpl)
+}
+
 /// `topic[0,1,2] other[5]`, for logs.
-pub fn describe(tpl: &TopicPartitionList) -> String {
-    let mut by_topic: std::collections::BTreeMap<String, Vec<i32>> = Default::default();
-    for e in tpl.elements() {
-        by_topic
-            .entry(e.topic().to_string())
-            .or_default()
-            .push(e.partition());
+pub fn describe(partitions: &[Tp]) -> String {
+    let mut by_topic: std::collections::BTreeMap<&str, Vec<i32>> = Default::default();
+    for (topic, partition) in partitions {
+        by_topic.entry(topic).or_default().push(*partition);
     }
     by_topic
         .into_iter()
@@ -644,6 +684,22 @@ mod tests {
         tpl.add_partition("b", 2);
         tpl.add_partition("a", 1);
         tpl.add_partition("b", 0);
-        assert_eq!(describe(&tpl), "a[1] b[0,2]");
+        assert_eq!(describe(&partitions(&tpl)), "a[1] b[0,2]");
+    }
+
+    #[test]
+    fn offsets_go_to_librdkafka_and_back() {
+        let offsets = vec![(("a".to_string(), 1), 7), (("b".to_string(), 0), 0)];
+        let tpl = offset_list(&offsets).unwrap();
+        let back = offsets_of(&tpl);
+        assert_eq!(
+            back,
+            [
+                (("a".to_string(), 1), Some(7)),
+                (("b".to_string(), 0), Some(0))
+            ]
+        );
+        let bare = offsets_of(&partition_list(&[("a".to_string(), 1)]));
+        assert_eq!(bare, [(("a".to_string(), 1), None)]);
     }
 }

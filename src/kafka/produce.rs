@@ -2,7 +2,7 @@
 //!
 //! rust-rdkafka's `send` names the topic for every record (`RD_KAFKA_VTYPE_TOPIC`): a `CString`
 //! allocated and freed, and librdkafka looking the topic up by name under its handle lock,
-//! taking and dropping a reference. [`Producer::send`] here hands librdkafka a topic handle
+//! taking and dropping a reference. [`HandleProducer::send`] here hands librdkafka a topic handle
 //! (`RD_KAFKA_VTYPE_RKT`) it keeps per topic instead; everything else is what rust-rdkafka
 //! passes: the payload and key copied, the headers given over on success, the delivery opaque
 //! as rust-rdkafka's `usize` opaque (so its delivery callback sees the same value).
@@ -39,15 +39,15 @@ pub struct Message<'a> {
 
 /// A producer and its topic handles. The handles go first (fields drop in order), before the
 /// producer they belong to.
-pub struct Producer<C: ProducerContext<DeliveryOpaque = usize> + 'static> {
+pub struct HandleProducer<C: ProducerContext<DeliveryOpaque = usize> + 'static> {
     handles: RefCell<Vec<(String, Handle)>>,
     inner: ThreadedProducer<C>,
 }
 
-impl<C: ProducerContext<DeliveryOpaque = usize> + 'static> Producer<C> {
+impl<C: ProducerContext<DeliveryOpaque = usize> + 'static> HandleProducer<C> {
     /// Wraps `inner`.
     pub fn new(inner: ThreadedProducer<C>) -> Self {
-        Producer {
+        HandleProducer {
             handles: RefCell::default(),
             inner,
         }
@@ -176,6 +176,40 @@ mod tests {
         }
     }
 
+    type Got = (
+        String,
+        Option<Vec<u8>>,
+        Option<Vec<u8>>,
+        Option<i64>,
+        Option<Vec<u8>>,
+    );
+
+    /// Up to `n` records of topics a and b: topic, key, value, timestamp, first header.
+    fn read_back(bootstrap: &str, n: usize) -> Vec<Got> {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("group.id", "g")
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .expect("consumer");
+        consumer.subscribe(&["a", "b"]).expect("subscribe");
+        let mut got = Vec::new();
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        while got.len() < n && std::time::Instant::now() < until {
+            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+                let h = m.headers().map(|h| h.get(0).value.map(<[u8]>::to_vec));
+                got.push((
+                    m.topic().to_string(),
+                    m.key().map(<[u8]>::to_vec),
+                    m.payload().map(<[u8]>::to_vec),
+                    m.timestamp().to_millis(),
+                    h.flatten(),
+                ));
+            }
+        }
+        got
+    }
+
     #[test]
     fn records_arrive_as_sent_through_the_handles_and_errors_return_the_headers() {
         let cluster = MockCluster::new(1).expect("mock cluster");
@@ -187,7 +221,7 @@ mod tests {
             .set("message.max.bytes", "2000")
             .create_with_context(Reports::default())
             .expect("producer");
-        let p = Producer::new(inner);
+        let p = HandleProducer::new(inner);
         let headers = |v: &str| {
             OwnedHeaders::new().insert(Header {
                 key: "h",
@@ -238,28 +272,13 @@ mod tests {
         reports.sort();
         assert_eq!(reports, [(7, true), (8, true), (9, true)]);
 
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", cluster.bootstrap_servers())
-            .set("group.id", "g")
-            .set("auto.offset.reset", "earliest")
-            .create()
-            .expect("consumer");
-        consumer.subscribe(&["a", "b"]).expect("subscribe");
-        let mut got = Vec::new();
-        let until = std::time::Instant::now() + Duration::from_secs(20);
-        while got.len() < 3 && std::time::Instant::now() < until {
-            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-                let h = m.headers().map(|h| h.get(0).value.map(<[u8]>::to_vec));
-                got.push((
-                    m.topic().to_string(),
-                    m.key().map(<[u8]>::to_vec),
-                    m.payload().map(<[u8]>::to_vec),
-                    m.timestamp().to_millis(),
-                    h.flatten(),
-                ));
-            }
-        }
+        let mut got = read_back(&cluster.bootstrap_servers(), 3);
         got.sort();
+        as_sent(&got);
+    }
+
+    /// What `records_arrive_as_sent…` sent, read back (sorted).
+    fn as_sent(got: &[Got]) {
         let v = |s: &str| Some(s.as_bytes().to_vec());
         assert_eq!(got.len(), 3, "{got:?}");
         assert_eq!(

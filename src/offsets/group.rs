@@ -78,7 +78,7 @@ impl OffsetStore for GroupStore {
                 context: format!("committing the offsets of group {group}"),
                 source,
             }),
-            Err(_) => Err(Error::Startup(format!(
+            Err(_) => Err(Error::Store(format!(
                 "committing the offsets of group {group}: no answer within {:?}; whether they \
                  were committed is unknown (exactly offsets show tells)",
                 self.timeout

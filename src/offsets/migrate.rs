@@ -160,27 +160,12 @@ pub fn import(
         }
     }
     for r in &mut rows {
-        let (new, note) = match (found.get(&(r.topic.clone(), r.partition)), missing) {
-            (Some(&o), _) if (r.low..=r.high).contains(&o) => (o, ""),
-            // A negative offset is a marker (-1: latest, -2: earliest), not a position.
-            (Some(&o), _) if clamp && o >= 0 => (o.clamp(r.low, r.high), "clamped"),
-            (Some(&o), _) => {
-                return Err(Error::Config(format!(
-                    "{}[{}]: the store says {o}, outside the partition's offsets {}..{} \
-                     (records before {} are deleted; {} is the end); --clamp moves it inside",
-                    r.topic, r.partition, r.low, r.high, r.low, r.high
-                )));
-            }
-            (None, Missing::Earliest) => (r.low, "missing: earliest"),
-            (None, Missing::Latest) => (r.high, "missing: latest"),
-            (None, Missing::Error) => {
-                return Err(Error::Config(format!(
-                    "{}[{}] has no offset in the store; --missing earliest|latest says where \
-                     to start it",
-                    r.topic, r.partition
-                )));
-            }
-        };
+        let (new, note) = place(
+            r,
+            found.get(&(r.topic.clone(), r.partition)).copied(),
+            missing,
+            clamp,
+        )?;
         r.new = Some(new);
         r.note = note;
     }
@@ -215,6 +200,38 @@ pub fn import(
         target.group
     );
     Ok(out)
+}
+
+/// Where the import puts partition `r`, by what the store holds for it (`stored`): there, or
+/// clamped into the partition's offsets, or where `missing` says; with a note when not as
+/// stored.
+fn place(
+    r: &Row,
+    stored: Option<i64>,
+    missing: Missing,
+    clamp: bool,
+) -> Result<(i64, &'static str), Error> {
+    Ok(match (stored, missing) {
+        (Some(o), _) if (r.low..=r.high).contains(&o) => (o, ""),
+        // A negative offset is a marker (-1: latest, -2: earliest), not a position.
+        (Some(o), _) if clamp && o >= 0 => (o.clamp(r.low, r.high), "clamped"),
+        (Some(o), _) => {
+            return Err(Error::Config(format!(
+                "{}[{}]: the store says {o}, outside the partition's offsets {}..{} \
+                 (records before {} are deleted; {} is the end); --clamp moves it inside",
+                r.topic, r.partition, r.low, r.high, r.low, r.high
+            )));
+        }
+        (None, Missing::Earliest) => (r.low, "missing: earliest"),
+        (None, Missing::Latest) => (r.high, "missing: latest"),
+        (None, Missing::Error) => {
+            return Err(Error::Config(format!(
+                "{}[{}] has no offset in the store; --missing earliest|latest says where \
+                 to start it",
+                r.topic, r.partition
+            )));
+        }
+    })
 }
 
 /// Writes the group's committed offsets to `store`, in its layout.

@@ -35,6 +35,35 @@ pub trait OffsetStore {
     fn write(&self, group: &str, offsets: &Offsets) -> Result<(), Error>;
 }
 
+/// `exactly offsets`: 0 done, 2 bad options or a validation error, 3 could not complete.
+pub fn command(args: crate::config::offsets::OffsetsArgs) -> u8 {
+    use crate::config::offsets::OffsetsCommand;
+    crate::telemetry::init(crate::config::LogFormat::Text, "warn");
+    let result = (|| match args.command {
+        OffsetsCommand::Show(a) => migrate::show(&a.group.target()?),
+        OffsetsCommand::Import(a) => {
+            let target = a.group.target()?;
+            let store = open(&a.from, &a.store.options(&target)?)?;
+            migrate::import(&target, store.as_ref(), a.missing, a.clamp, a.dry_run)
+        }
+        OffsetsCommand::Export(a) => {
+            let target = a.group.target()?;
+            let store = open(&a.to, &a.store.options(&target)?)?;
+            migrate::export(&target, store.as_ref(), a.dry_run)
+        }
+    })();
+    match result {
+        Ok(text) => {
+            print!("{text}");
+            0
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            if matches!(e, Error::Config(_)) { 2 } else { 3 }
+        }
+    }
+}
+
 /// The store at `url`: one arm per kind of store.
 pub fn open(url: &str, options: &StoreOptions) -> Result<Box<dyn OffsetStore>, Error> {
     let scheme = url.split_once(':').map(|(scheme, _)| scheme);

@@ -47,7 +47,7 @@ impl MysqlStore {
         &self,
         work: impl AsyncFnOnce(&mut mysql_async::Conn) -> Result<T, mysql_async::Error>,
     ) -> Result<T, Error> {
-        let failed = |e: String| Error::Startup(format!("{}: {e}", redact(&self.url)));
+        let failed = |e: String| Error::Store(format!("{}: {e}", redact(&self.url)));
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -50,7 +50,7 @@ impl RedisStore {
     }
 
     fn connect(&self) -> Result<redis::Connection, Error> {
-        let failed = |e: redis::RedisError| Error::Startup(format!("{}: {e}", redact(&self.url)));
+        let failed = |e: redis::RedisError| Error::Store(format!("{}: {e}", redact(&self.url)));
         let con = self
             .client
             .get_connection_with_timeout(self.timeout)
@@ -73,9 +73,7 @@ impl OffsetStore for RedisStore {
             let hash: HashMap<String, String> = redis::cmd("HGETALL")
                 .arg(&key)
                 .query(&mut con)
-                .map_err(|e| {
-                    Error::Startup(format!("{}: HGETALL {key}: {e}", redact(&self.url)))
-                })?;
+                .map_err(|e| Error::Store(format!("{}: HGETALL {key}: {e}", redact(&self.url))))?;
             for (field, value) in hash {
                 let store = format!("redis {key}");
                 // "00" is not partition 0: two fields for one partition would be a guess.
@@ -114,6 +112,6 @@ impl OffsetStore for RedisStore {
             }
         }
         pipe.query::<()>(&mut con)
-            .map_err(|e| Error::Startup(format!("{}: HSET: {e}", redact(&self.url))))
+            .map_err(|e| Error::Store(format!("{}: HSET: {e}", redact(&self.url))))
     }
 }

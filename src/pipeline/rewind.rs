@@ -1,99 +1,213 @@
-//! The rewind after an abort: every owned partition back to what the group has committed.
+//! The rewind after an abort: every partition read since it was assigned goes back to what is
+//! committed for it.
+//!
+//! One rule covers every record the loop read and did not commit, whatever became of it (in
+//! the aborted unit, staged for the call-out, polled while the rewind was owed, failed on its
+//! way out): [`Rewind::read`] notes the first offset read of each partition, once, as it is
+//! polled, and the rewind seeks each such partition to its committed offset, as the sink
+//! reads it back, or, where it has none, to what this instance last committed for it, or,
+//! where nothing was, to that first offset. A commit never passes a record read but not
+//! applied (`sink::offsets`), so each target is at or before every record that must come
+//! again. A partition nothing was read from since it was assigned has not moved, and is left
+//! alone (a seek of a partition still waiting for its first fetch fails in librdkafka).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::Consumer;
-use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::{Interrupt, PipelineConsumer};
-use crate::error::{Action, Call, Error, Facts, classify};
+use super::Interrupt;
+use crate::backoff::Backoff;
+use crate::error::Error;
 use crate::health::Health;
-use crate::kafka::describe;
-use crate::transform::Tp;
+use crate::kafka::{Tp, describe};
+use crate::sink::{Committed, Driver, Group, SeekFailed, Unreadable};
 
-/// Seeks each assigned partition to its committed offset (the broker's word, read after the
-/// aborted or unknown transaction was settled). A partition with no committed offset goes back
-/// to where the aborted transaction first read it. Reading the committed offsets is retried
-/// for up to `timeout`, then the consumer is replaced (a new one starts from the committed
-/// offsets); a shutdown stops it at once (nothing is open, the loop ends next).
-pub(super) fn rewind(
-    consumer: &PipelineConsumer,
-    firsts: &HashMap<Tp, i64>,
+/// The first offset read of each partition since it was assigned.
+#[derive(Debug, Default)]
+pub struct Rewind {
+    /// By topic, so that the per-record look-up borrows the topic name.
+    first: HashMap<String, HashMap<i32, i64>>,
+    /// The partition of the last record noted: the next is most often of the same one.
+    last: Option<(String, i32)>,
+}
+
+impl Rewind {
+    /// A record of `topic`/`partition` at `offset` was polled.
+    pub fn read(&mut self, topic: &str, partition: i32, offset: i64) {
+        if let Some((t, p)) = &self.last
+            && *p == partition
+            && t == topic
+        {
+            return;
+        }
+        match self.first.get_mut(topic) {
+            Some(ps) => {
+                ps.entry(partition).or_insert(offset);
+            }
+            None => {
+                self.first
+                    .entry(topic.to_string())
+                    .or_default()
+                    .insert(partition, offset);
+            }
+        }
+        self.last = Some((topic.to_string(), partition));
+    }
+
+    /// `partitions` are no longer owned: a later assignment starts afresh.
+    pub fn forget(&mut self, partitions: &[Tp]) {
+        for (topic, partition) in partitions {
+            if let Some(ps) = self.first.get_mut(topic) {
+                ps.remove(partition);
+                if ps.is_empty() {
+                    self.first.remove(topic);
+                }
+            }
+        }
+        self.last = None;
+    }
+
+    /// A new consumer starts from the committed offsets: nothing was read by it.
+    pub fn clear(&mut self) {
+        self.first.clear();
+        self.last = None;
+    }
+
+    /// The first offset read of `tp`, if anything was.
+    fn first_read(&self, (topic, partition): &Tp) -> Option<i64> {
+        self.first.get(topic)?.get(partition).copied()
+    }
+
+    /// Seeks every assigned partition read since it was assigned to its committed offset (or
+    /// what this instance last committed, or its first offset read, with nothing committed). Reading the committed offsets is
+    /// retried for up to `timeout`, then the consumer is replaced (a new one starts from the
+    /// committed offsets); a shutdown stops it at once (nothing is open, the loop ends next).
+    /// Whether the consumer is back (false: shutdown came first).
+    pub fn perform(
+        &self,
+        group: &dyn Group,
+        driver: &Driver,
+        timeout: Duration,
+        health: &Health,
+        shutdown: &CancellationToken,
+    ) -> Result<bool, Interrupt> {
+        let assignment = group.assignment().map_err(|e| Error::Unrecoverable {
+            context: "reading the assignment".into(),
+            source: e,
+        })?;
+        let read: Vec<Tp> = assignment
+            .into_iter()
+            .filter(|tp| self.first_read(tp).is_some())
+            .collect();
+        if read.is_empty() {
+            return Ok(true);
+        }
+        let Some(committed) = committed(group, driver, &read, timeout, health, shutdown)? else {
+            return Ok(false);
+        };
+        let targets: Vec<(Tp, i64)> = committed
+            .into_iter()
+            .filter_map(|(tp, c)| {
+                let to = c
+                    .or_else(|| driver.last_committed(&tp))
+                    .or_else(|| self.first_read(&tp))?;
+                Some((tp, to))
+            })
+            .collect();
+        if targets.is_empty() {
+            return Ok(true);
+        }
+        match group.seek(&targets, timeout) {
+            Ok(()) => {}
+            Err(SeekFailed::Call(e)) => {
+                return Err(Interrupt::Fail(Error::Unrecoverable {
+                    context: "rewinding to the committed offsets".into(),
+                    source: e,
+                }));
+            }
+            Err(SeekFailed::Partition((topic, partition), err)) => {
+                // A partition that cannot be rewound must not be read on from where it stands:
+                // its aborted records would be skipped. This consumer is being fenced or
+                // rebalanced away; a new one starts from the committed offsets.
+                warn!(topic, partition, error = %err, "seek failed");
+                return Err(Interrupt::ReplaceConsumer(format!("seek failed: {err}")));
+            }
+        }
+        let moved: Vec<Tp> = targets.into_iter().map(|(tp, _)| tp).collect();
+        info!(partitions = %describe(&moved), "rewound to the committed offsets");
+        Ok(true)
+    }
+}
+
+/// What is committed for `partitions`, read again while that fails ([`Backoff::READ_COMMITTED`])
+/// for up to `timeout`; `None` when shutdown began meanwhile.
+fn committed(
+    group: &dyn Group,
+    driver: &Driver,
+    partitions: &[Tp],
     timeout: Duration,
     health: &Health,
     shutdown: &CancellationToken,
-) -> Result<(), Interrupt> {
-    let assignment = consumer.assignment().map_err(|e| Error::Unrecoverable {
-        context: "reading the assignment".into(),
-        source: e,
-    })?;
-    if assignment.count() == 0 {
-        return Ok(());
-    }
-    let mut backoff = Duration::from_millis(100);
+) -> Result<Option<Committed>, Interrupt> {
     let give_up = Instant::now() + timeout;
-    let committed = loop {
+    let mut failures = 0;
+    loop {
         health.beat();
         let result = {
             let _g = health.in_call("committed offsets");
-            // What the sink says is committed. librdkafka answers on a queue of its own, so no
-            // rebalance callback (which takes the driver too) runs meanwhile.
-            let driver = consumer.context().driver();
-            driver.committed(consumer, assignment.clone(), timeout)
+            // librdkafka answers on a queue of its own, so no rebalance callback (which takes
+            // the session too) runs meanwhile.
+            driver.committed(group, partitions, timeout)
         };
-        match result {
-            Ok(c) => break c,
-            Err(e) => {
-                if classify(Call::SendOffsets, &Facts::of(&e)) == Action::Exit {
-                    return Err(Interrupt::Fail(Error::Unrecoverable {
-                        context: "reading committed offsets".into(),
-                        source: e,
-                    }));
-                }
-                if shutdown.is_cancelled() {
-                    return Ok(());
-                }
-                if Instant::now() >= give_up {
-                    warn!(error = %e, "committed offsets unreadable; replacing the consumer");
-                    return Err(Interrupt::ReplaceConsumer(e));
-                }
-                warn!(error = %e, "reading committed offsets failed; retrying");
-                std::thread::sleep(backoff.min(give_up.saturating_duration_since(Instant::now())));
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-            }
-        }
-    };
-    let mut seek = TopicPartitionList::new();
-    for e in committed.elements() {
-        let target = match e.offset() {
-            Offset::Offset(o) => Some(o),
-            _ => firsts.get(&(e.topic().to_string(), e.partition())).copied(),
+        let why = match result {
+            Ok(c) => return Ok(Some(c)),
+            Err(Unreadable::Exit(e)) => return Err(Interrupt::Fail(e)),
+            Err(Unreadable::Retry(why)) => why,
         };
-        if let Some(o) = target {
-            let _ = seek.add_partition_offset(e.topic(), e.partition(), Offset::Offset(o));
+        if shutdown.is_cancelled() {
+            return Ok(None);
         }
-    }
-    if seek.count() == 0 {
-        return Ok(());
-    }
-    let result = consumer
-        .seek_partitions(seek, timeout)
-        .map_err(|e| Error::Unrecoverable {
-            context: "rewinding to the committed offsets".into(),
-            source: e,
-        })?;
-    for e in result.elements() {
-        if let Err(err) = e.error() {
-            // A partition that cannot be rewound must not be read on from where it stands:
-            // its aborted records would be skipped. This consumer is being fenced or
-            // rebalanced away; a new one starts from the committed offsets.
-            warn!(topic = e.topic(), partition = e.partition(), error = %err, "seek failed");
-            return Err(Interrupt::ReplaceConsumer(err));
+        if Instant::now() >= give_up {
+            warn!(error = %why, "committed offsets unreadable; replacing the consumer");
+            return Err(Interrupt::ReplaceConsumer(format!(
+                "committed offsets unreadable: {why}"
+            )));
         }
+        warn!(error = %why, "reading committed offsets failed; retrying");
+        failures += 1;
+        let pause = Backoff::READ_COMMITTED.after(failures);
+        std::thread::sleep(pause.min(give_up.saturating_duration_since(Instant::now())));
     }
-    info!(partitions = %describe(&result), "rewound to the committed offsets");
-    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_read_of_each_partition_stays_until_it_is_revoked() {
+        let mut r = Rewind::default();
+        for (t, p, o) in [
+            ("a", 0, 5),
+            ("a", 0, 6),
+            ("a", 1, 9),
+            ("a", 0, 7),
+            ("b", 0, 3),
+        ] {
+            r.read(t, p, o);
+        }
+        let tp = |t: &str, p| (t.to_string(), p);
+        assert_eq!(r.first_read(&tp("a", 0)), Some(5));
+        assert_eq!(r.first_read(&tp("a", 1)), Some(9));
+        assert_eq!(r.first_read(&tp("b", 0)), Some(3));
+        r.forget(&[tp("a", 0)]);
+        assert_eq!(r.first_read(&tp("a", 0)), None);
+        // Assigned again, it starts afresh (and the last-partition shortcut forgot it too).
+        r.read("a", 0, 20);
+        assert_eq!(r.first_read(&tp("a", 0)), Some(20));
+        r.clear();
+        assert_eq!(r.first_read(&tp("a", 1)), None);
+    }
 }

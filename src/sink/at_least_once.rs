@@ -1,60 +1,56 @@
-//! At least once: an idempotent producer and no transactions. A batch's offsets are committed
-//! (outside any transaction) only after every output of the batch is delivered, so a crash or
+//! At least once: an idempotent producer and no transactions. A unit's offsets are committed
+//! (outside any transaction) only after every output of the unit is delivered, so a crash or
 //! an error can duplicate outputs, never lose them.
 
 use std::time::Duration;
 
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::topic_partition_list::TopicPartitionList;
 use tracing::warn;
 
-use super::producer::{Connection, KafkaProducer};
-use super::{Calls, Failed, Group, Record, Sink};
+use super::producer::{Connection, TrackedProducer};
+use super::{Bounds, Failed, Group, NotConnected, Record, Rejection, Sink};
+use crate::config::SinkConfig;
 use crate::events::{AbortReason, Ended};
-use crate::kafka::{Role, Settings};
+use crate::kafka::{Role, Settings, Tp};
 
-/// Delivery-confirmed batches.
-pub struct Batches {
+/// An idempotent producer, and offsets committed once a unit's outputs are delivered.
+pub struct AtLeastOnce {
     connection: Connection,
 }
 
-impl Batches {
+impl AtLeastOnce {
     /// Not connected yet: [`Sink::connect`] creates the producer.
-    pub fn new(kafka: &Settings, output_topic: &str) -> Batches {
-        Batches {
-            connection: Connection::new(kafka.to_rdkafka(Role::Idempotent), output_topic),
+    pub fn new(kafka: &Settings, c: &SinkConfig) -> AtLeastOnce {
+        AtLeastOnce {
+            connection: Connection::new(kafka.to_rdkafka(Role::Idempotent), &c.output_topic),
         }
     }
 
-    fn p(&self) -> &KafkaProducer {
+    fn p(&self) -> &TrackedProducer {
         self.connection.producer()
     }
 }
 
-impl Sink for Batches {
-    fn connect(&mut self, calls: &Calls) -> Result<(), KafkaError> {
-        self.connection.connect(calls.timeout(), |_| Ok(()))
+impl Sink for AtLeastOnce {
+    fn connect(&mut self, bounds: &Bounds) -> Result<(), NotConnected> {
+        let connected = self.connection.connect(bounds.timeout(), |_| Ok(()));
+        connected.map_err(|e| self.connection.not_connected("reaching the cluster", e))
     }
 
-    fn refused(&self) -> Option<String> {
-        self.connection.refused()
-    }
-
-    /// A batch, not a transaction: failures of earlier batches are settled already.
-    fn begin(&mut self, _calls: &Calls) -> Result<(), Failed> {
+    /// A unit of deliveries, not a transaction: failures of earlier ones are settled already.
+    fn begin(&mut self, _bounds: &Bounds) -> Result<(), Failed> {
         self.p().reset();
         Ok(())
     }
 
-    fn send(&mut self, record: Record<'_, '_>, calls: &Calls) -> Result<(), Failed> {
-        self.p().send(record, calls)
+    fn send(&mut self, record: Record<'_, '_>, bounds: &Bounds) -> Result<(), Failed> {
+        self.p().send(record, bounds)
     }
 
-    fn settle(&mut self, calls: &Calls) -> bool {
-        self.p().settle(calls)
+    fn settle(&mut self, bounds: &Bounds) -> bool {
+        self.p().settle(bounds)
     }
 
-    fn take_rejections(&mut self, wait: Duration) -> Vec<(usize, RDKafkaErrorCode)> {
+    fn take_rejections(&mut self, wait: Duration) -> Vec<Rejection> {
         self.p().take_rejections(wait)
     }
 
@@ -62,17 +58,17 @@ impl Sink for Batches {
         self.p().has_rejections()
     }
 
-    /// Every output of the batch delivered, then its offsets committed.
+    /// Every output of the unit delivered, then its offsets committed.
     fn commit(
         &mut self,
-        offsets: &TopicPartitionList,
+        offsets: &[(Tp, i64)],
         group: &dyn Group,
-        calls: &Calls,
+        bounds: &Bounds,
     ) -> Result<(), Failed> {
         let p = self.p();
         let flushed = {
-            let _g = calls.health.in_call("flush");
-            p.flush(calls.timeout())
+            let _g = bounds.health.in_call("flush");
+            p.flush(bounds.timeout())
         };
         let reported = p.wait_for_reports(Duration::from_secs(1));
         let failed = p.failed();
@@ -82,7 +78,7 @@ impl Sink for Batches {
             return Err(Failed::Abort(AbortReason::DeliveryFailed));
         }
         let result = {
-            let _g = calls.health.in_call("commit offsets");
+            let _g = bounds.health.in_call("commit offsets");
             group.commit_offsets(offsets)
         };
         result.map_err(|e| {
@@ -92,12 +88,12 @@ impl Sink for Batches {
     }
 
     /// Nothing to abort: what was sent stays, and comes again after the rewind.
-    fn abort(&mut self, _reason: AbortReason, _calls: &Calls) -> Result<(), Failed> {
+    fn abort(&mut self, _reason: AbortReason, _bounds: &Bounds) -> Result<(), Failed> {
         Ok(())
     }
 
-    fn topic_exists(&self, topic: &str, timeout: Duration) -> Result<bool, KafkaError> {
-        self.p().topic_exists(topic, timeout)
+    fn exists(&self, name: &str, timeout: Duration) -> Result<bool, String> {
+        self.p().topic_exists(name, timeout)
     }
 
     fn ended(&self) -> Ended {

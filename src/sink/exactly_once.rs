@@ -4,66 +4,64 @@
 
 use std::time::{Duration, Instant};
 
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer;
-use rdkafka::topic_partition_list::TopicPartitionList;
 use tracing::warn;
 
-use super::producer::{Connection, KafkaProducer};
-use super::{Calls, Failed, Group, Record, Sink};
-use crate::config::Config;
-use crate::error::{Action, Call, Facts, classify};
+use super::producer::{Connection, TrackedProducer};
+use super::{Bounds, Failed, Group, NotConnected, Record, Rejection, Sink};
+use crate::config::SinkConfig;
+use crate::error::{Action, Facts, KafkaCall, classify};
 use crate::events::AbortReason;
-use crate::kafka::{Role, Settings};
+use crate::kafka::{self, Role, Settings, Tp};
 
 /// A transactional producer; its transactional id fences earlier incarnations.
-pub struct Transactions {
+pub struct ExactlyOnce {
     connection: Connection,
 }
 
-impl Transactions {
+impl ExactlyOnce {
     /// Not connected yet: [`Sink::connect`] creates the producer and initialises transactions.
-    pub fn new(kafka: &Settings, c: &Config) -> Transactions {
+    pub fn new(kafka: &Settings, c: &SinkConfig) -> ExactlyOnce {
         let role = Role::Transactional {
             id: &c.transactional_id,
             timeout: c.transaction_timeout,
         };
-        Transactions {
+        ExactlyOnce {
             connection: Connection::new(kafka.to_rdkafka(role), &c.output_topic),
         }
     }
 
-    fn p(&self) -> &KafkaProducer {
+    fn p(&self) -> &TrackedProducer {
         self.connection.producer()
     }
 }
 
-impl Sink for Transactions {
-    fn connect(&mut self, calls: &Calls) -> Result<(), KafkaError> {
+impl Sink for ExactlyOnce {
+    fn connect(&mut self, bounds: &Bounds) -> Result<(), NotConnected> {
         // One bound for reaching the cluster and initialising, together; init gets at least
         // a second of it.
-        let (began, timeout) = (Instant::now(), calls.timeout());
-        self.connection.connect(timeout, |p| {
-            let _g = calls.health.in_call("init_transactions");
+        let (began, timeout) = (Instant::now(), bounds.timeout());
+        let connected = self.connection.connect(timeout, |p| {
+            let _g = bounds.health.in_call("init_transactions");
             let left = timeout.saturating_sub(began.elapsed());
             p.inner()
                 .init_transactions(left.max(Duration::from_secs(1)))
+        });
+        connected.map_err(|e| {
+            self.connection
+                .not_connected("initialising transactions", e)
         })
     }
 
-    fn refused(&self) -> Option<String> {
-        self.connection.refused()
-    }
-
-    fn begin(&mut self, calls: &Calls) -> Result<(), Failed> {
+    fn begin(&mut self, bounds: &Bounds) -> Result<(), Failed> {
         let p = self.p();
         p.reset();
         let result = {
-            let _g = calls.health.in_call("begin_transaction");
+            let _g = bounds.health.in_call("begin_transaction");
             p.inner().begin_transaction()
         };
         result.map_err(|e| {
-            if classify(Call::Begin, &Facts::of(&e)) == Action::Exit {
+            if classify(KafkaCall::Begin, &Facts::of(&e)) == Action::Exit {
                 return Failed::exit("beginning a transaction", e);
             }
             warn!(error = %e, "begin_transaction failed; recreating the producer");
@@ -71,15 +69,15 @@ impl Sink for Transactions {
         })
     }
 
-    fn send(&mut self, record: Record<'_, '_>, calls: &Calls) -> Result<(), Failed> {
-        self.p().send(record, calls)
+    fn send(&mut self, record: Record<'_, '_>, bounds: &Bounds) -> Result<(), Failed> {
+        self.p().send(record, bounds)
     }
 
-    fn settle(&mut self, calls: &Calls) -> bool {
-        self.p().settle(calls)
+    fn settle(&mut self, bounds: &Bounds) -> bool {
+        self.p().settle(bounds)
     }
 
-    fn take_rejections(&mut self, wait: Duration) -> Vec<(usize, RDKafkaErrorCode)> {
+    fn take_rejections(&mut self, wait: Duration) -> Vec<Rejection> {
         self.p().take_rejections(wait)
     }
 
@@ -94,17 +92,19 @@ impl Sink for Transactions {
     /// Offsets first, then EndTxn.
     fn commit(
         &mut self,
-        offsets: &TopicPartitionList,
+        offsets: &[(Tp, i64)],
         group: &dyn Group,
-        calls: &Calls,
+        bounds: &Bounds,
     ) -> Result<(), Failed> {
         let Some(gm) = group.metadata() else {
             warn!("no group metadata to commit with; aborting");
             return Err(Failed::Abort(AbortReason::NoGroupMetadata));
         };
+        let offsets = kafka::offset_list(offsets)
+            .map_err(|e| Failed::exit("building the offsets to commit", e))?;
         let p = self.p();
-        let sent = calls.retry(Call::SendOffsets, "send_offsets_to_transaction", |t| {
-            p.inner().send_offsets_to_transaction(offsets, &gm, t)
+        let sent = bounds.retry(KafkaCall::SendOffsets, "send_offsets_to_transaction", |t| {
+            p.inner().send_offsets_to_transaction(&offsets, &gm, t)
         });
         if let Err((action, e)) = sent {
             return Err(match action {
@@ -124,11 +124,11 @@ impl Sink for Transactions {
         // it finds nothing left. A flush that fails (a whole call timeout without every
         // delivery) ends the transaction here: commit_transaction would wait as long again.
         let flushed = {
-            let _g = calls.health.in_call("flush");
-            p.flush(calls.timeout())
+            let _g = bounds.health.in_call("flush");
+            p.flush(bounds.timeout())
         };
         if let Err(e) = flushed {
-            return Err(match classify(Call::Commit, &Facts::of(&e)) {
+            return Err(match classify(KafkaCall::Commit, &Facts::of(&e)) {
                 Action::Exit => Failed::exit("flushing before the commit", e),
                 Action::RecreateProducer => {
                     warn!(error = %e, "flush before the commit: producer fenced; recreating it");
@@ -140,7 +140,7 @@ impl Sink for Transactions {
                 }
             });
         }
-        let committed = calls.retry(Call::Commit, "commit_transaction", |t| {
+        let committed = bounds.retry(KafkaCall::Commit, "commit_transaction", |t| {
             p.inner().commit_transaction(t)
         });
         let Err((action, e)) = committed else {
@@ -168,7 +168,7 @@ impl Sink for Transactions {
     }
 
     /// A failed abort asks for a new producer, whose init_transactions aborts it on the broker.
-    fn abort(&mut self, reason: AbortReason, calls: &Calls) -> Result<(), Failed> {
+    fn abort(&mut self, reason: AbortReason, bounds: &Bounds) -> Result<(), Failed> {
         let p = self.p();
         {
             // librdkafka#4849: an abort racing a partition registration that the coordinator
@@ -177,10 +177,10 @@ impl Sink for Transactions {
             // record is only delivered once its partition is registered, so waiting for the
             // deliveries first closes the window (queued records were purged already if the
             // transaction failed). Bounded: an unreachable broker is the recreate path's.
-            let _g = calls.health.in_call("flush");
-            let _ = p.flush(calls.timeout().min(Duration::from_secs(5)));
+            let _g = bounds.health.in_call("flush");
+            let _ = p.flush(bounds.timeout().min(Duration::from_secs(5)));
         }
-        let aborted = calls.retry(Call::Abort, "abort_transaction", |t| {
+        let aborted = bounds.retry(KafkaCall::Abort, "abort_transaction", |t| {
             p.inner().abort_transaction(t)
         });
         match aborted {
@@ -193,7 +193,7 @@ impl Sink for Transactions {
         }
     }
 
-    fn topic_exists(&self, topic: &str, timeout: Duration) -> Result<bool, KafkaError> {
-        self.p().topic_exists(topic, timeout)
+    fn exists(&self, name: &str, timeout: Duration) -> Result<bool, String> {
+        self.p().topic_exists(name, timeout)
     }
 }

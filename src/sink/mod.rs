@@ -1,104 +1,112 @@
 //! Where outputs go, and how they are made durable together with the group's offsets.
 //!
-//! A [`Sink`] is the seam: begin a unit of work, send records into it, commit it with the
-//! offsets of the inputs it consumed, or abort it; and say what the group has committed, which
-//! is where the loop rewinds to after an abort. One file per implementation, each carrying its
-//! own state:
+//! A [`Sink`] is the seam, in exactly's own terms: connect, begin a unit of work, send records
+//! into it, commit it with the offsets of the inputs it consumed, or abort it; say which records
+//! the destination refused for what they are ([`Rejection`]), what the group has committed (where
+//! the loop rewinds to after an abort), and whether a destination exists. One file per
+//! implementation, each carrying its own state:
 //!
 //! - [`exactly_once`]: Kafka transactions. Outputs and offsets commit atomically.
-//! - [`at_least_once`]: an idempotent producer; offsets commit after every output of the batch
+//! - [`at_least_once`]: an idempotent producer; offsets commit after every output of the unit
 //!   is delivered. A crash can duplicate outputs, never lose them.
+//! - [`faults`]: testing only, failures on purpose in front of either.
 //!
-//! `sink_of` picks one (the only place the guarantee is looked at) and [`start`] connects it. [`Driver`] is what the
-//! loop holds: the sink and the bookkeeping every sink shares: the open batch, the rewind an
-//! abort leaves pending, the rejections learned ([`rejected`]), the back-off, the bounds of
-//! every call.
+//! [`start`] picks the configured one (the only place the guarantee is looked at) and connects
+//! it. The [`Driver`] is what the loop holds: the sink and its open [`Unit`], turning each
+//! [`Failed`] into an abort or a new client; [`offsets`] decides what a commit sends,
+//! [`rejected`] what the replay of a refused record sends instead.
 //!
 //! Invariants:
 //! - a unit is open exactly when at least one input record was consumed since the last
 //!   commit or abort (empty transactions are never begun, so never committed);
 //! - the offsets sent with a unit are the next offsets of the partitions it consumed (or the
-//!   consumer's position past transaction markers);
+//!   consumer's position past transaction markers), never past a record read but not yet
+//!   applied ([`Unapplied`]);
 //! - after any abort, recreation or unknown commit outcome, nothing is open and a rewind is
-//!   pending; the loop performs it before it processes another record.
-//!
-//! Every failed Kafka call goes through [`crate::error::classify`].
+//!   owed; nothing begins until the loop has performed it.
 
 pub mod at_least_once;
-mod batch;
+mod bounds;
 mod driver;
 pub mod exactly_once;
+pub mod faults;
+pub mod offsets;
 mod producer;
 pub mod rejected;
+mod unit;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
-use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
-use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
-use tracing::debug;
+use rdkafka::error::{KafkaError, KafkaResult};
 
-use crate::config::{Config, Guarantee};
-use crate::error::{Action, Call, Error, Facts, classify};
+use crate::config::{Guarantee, SinkConfig, TestSwitches};
+use crate::error::{Action, Error, Facts, KafkaCall, classify};
 use crate::events::{AbortReason, Ended};
 use crate::health::Health;
+use crate::kafka::{self, Settings, Tp};
+use crate::metrics::Metrics;
 use crate::records::Outgoing;
-use crate::transform::Tp;
 
-pub use batch::Consumed;
-pub use driver::{Driver, start};
-
-/// Bounded retries of one retriable call before it counts as a failure of its class.
-const MAX_RETRIES: u32 = 5;
+pub use bounds::Bounds;
+pub use driver::Driver;
+pub use offsets::Unapplied;
+pub use unit::{Consumed, Unit};
 
 /// A sink: the seam between the loop and where its records go.
 ///
 /// The [`Driver`] calls these in order: `begin`, `send`…, then `commit` or `abort`. A failure
-/// says what it needs ([`Failed`]); the driver does the bookkeeping (rewind, back-off,
-/// verdicts) that is the same for every sink.
+/// says what it needs ([`Failed`]); the driver does what is the same for every sink (rewind,
+/// back-off, verdicts on refused records).
 pub trait Sink: Send {
     /// (Re)creates the client, fencing earlier incarnations. Called at start and after
     /// [`Failed::Recreate`].
-    fn connect(&mut self, calls: &Calls) -> Result<(), KafkaError>;
-    /// Why the cluster refused the client `connect` made, if it did: a wrong password, an
-    /// untrusted certificate. Nothing a retry fixes.
-    fn refused(&self) -> Option<String>;
+    fn connect(&mut self, bounds: &Bounds) -> Result<(), NotConnected>;
     /// Opens a unit of work.
-    fn begin(&mut self, calls: &Calls) -> Result<(), Failed>;
+    fn begin(&mut self, bounds: &Bounds) -> Result<(), Failed>;
     /// Sends one record inside the open unit.
-    fn send(&mut self, record: Record<'_, '_>, calls: &Calls) -> Result<(), Failed>;
+    fn send(&mut self, record: Record<'_, '_>, bounds: &Bounds) -> Result<(), Failed>;
     /// Waits until every record sent so far is delivered or failed. Whether it got there.
-    fn settle(&mut self, calls: &Calls) -> bool;
-    /// The records refused for what they are since the last take: (send index, code).
-    fn take_rejections(&mut self, wait: Duration) -> Vec<(usize, RDKafkaErrorCode)>;
+    fn settle(&mut self, bounds: &Bounds) -> bool;
+    /// The records refused for what they are since the last take, waiting up to `wait` for
+    /// outstanding reports.
+    fn take_rejections(&mut self, wait: Duration) -> Vec<Rejection>;
     /// Whether any record was refused for what it is since the last take.
     fn has_rejections(&self) -> bool;
     /// Why the open unit failed for want of a permission, if it did: no retry fixes that.
     fn denied(&self) -> Option<String> {
         None
     }
-    /// Makes the open unit's records and the group's `offsets` durable.
+    /// Makes the open unit's records and the group's `offsets` (the next offset to read, per
+    /// partition) durable.
     fn commit(
         &mut self,
-        offsets: &TopicPartitionList,
+        offsets: &[(Tp, i64)],
         group: &dyn Group,
-        calls: &Calls,
+        bounds: &Bounds,
     ) -> Result<(), Failed>;
     /// Ends the open unit without committing it (`reason`: why, for the logs).
-    fn abort(&mut self, reason: AbortReason, calls: &Calls) -> Result<(), Failed>;
-    /// What the group has committed for `partitions`: where the loop rewinds to. Kafka sinks
-    /// commit into the group; a sink that keeps offsets with its outputs reads them there.
+    fn abort(&mut self, reason: AbortReason, bounds: &Bounds) -> Result<(), Failed>;
+    /// What is committed for `partitions` (`None`: nothing yet): where the loop rewinds to.
+    /// Kafka sinks commit into the group; a sink that keeps offsets with its outputs reads
+    /// them there.
     fn committed(
         &self,
         group: &dyn Group,
-        partitions: TopicPartitionList,
+        partitions: &[Tp],
         timeout: Duration,
-    ) -> KafkaResult<TopicPartitionList> {
-        group.committed(partitions, timeout)
+    ) -> Result<Committed, Unreadable> {
+        group.committed(partitions, timeout).map_err(|e| {
+            if classify(KafkaCall::SendOffsets, &Facts::of(&e)) == Action::Exit {
+                Unreadable::Exit(unrecoverable("reading committed offsets", e))
+            } else {
+                Unreadable::Retry(e.to_string())
+            }
+        })
     }
-    /// Whether the destination `topic` exists.
-    fn topic_exists(&self, topic: &str, timeout: Duration) -> Result<bool, KafkaError>;
+    /// Whether the destination `name` (a topic) exists; an error says why that is unknown.
+    fn exists(&self, name: &str, timeout: Duration) -> Result<bool, String>;
     /// How an open unit ends when `abort` succeeds: aborted on the broker, or (at least
     /// once) dropped, its outputs left where they are.
     fn ended(&self) -> Ended {
@@ -106,13 +114,64 @@ pub trait Sink: Send {
     }
 }
 
-/// Picks the sink of the configured guarantee: one line per implementation.
-fn sink_of(c: &Config) -> Box<dyn Sink> {
-    let kafka = &c.kafka;
-    match c.guarantee {
-        Guarantee::ExactlyOnce => Box::new(exactly_once::Transactions::new(kafka, c)),
-        Guarantee::AtLeastOnce => Box::new(at_least_once::Batches::new(kafka, &c.output_topic)),
-    }
+/// Creates the configured sink (the test switches' in front of it, if any are set) and
+/// connects it, retrying until --startup-timeout.
+pub fn start(
+    kafka: &Settings,
+    config: &SinkConfig,
+    test: &TestSwitches,
+    health: Arc<Health>,
+    metrics: Arc<Metrics>,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> Result<Driver, Error> {
+    let sink: Box<dyn Sink> = match config.guarantee {
+        Guarantee::ExactlyOnce => Box::new(exactly_once::ExactlyOnce::new(kafka, config)),
+        Guarantee::AtLeastOnce => Box::new(at_least_once::AtLeastOnce::new(kafka, config)),
+    };
+    let sink = faults::wrap(sink, test);
+    let bounds = Bounds::new(health, config.transaction_timeout);
+    Driver::start(sink, bounds, config.startup_timeout, metrics, shutdown).map_err(|e| match e {
+        Error::Startup(why) => Error::Startup(format!(
+            "--bootstrap-servers {}: {why}",
+            kafka.bootstrap_servers
+        )),
+        e => e,
+    })
+}
+
+/// What a commit attempt did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// No unit was open.
+    Empty,
+    /// Committed, with this many input records.
+    Committed {
+        /// Input records in the unit.
+        records: u64,
+    },
+    /// Aborted (or its outcome was unknown): a rewind is owed.
+    Aborted,
+}
+
+/// A send that did not go out.
+#[derive(Debug)]
+pub enum SendError {
+    /// The client refuses the record as larger than it takes (the verdict is kept).
+    TooLarge,
+    /// The unit was aborted because of the error: a rewind is owed.
+    Aborted,
+    /// Stop the process.
+    Fatal(Error),
+}
+
+/// Whether `begin` left a unit open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Began {
+    /// A unit is open.
+    Open,
+    /// Nothing is open and a rewind is owed (the client had to be replaced, or an abort
+    /// came before): the record comes again after the rewind.
+    RewindOwed,
 }
 
 /// Why a sink call did not succeed, as the driver must react.
@@ -135,8 +194,46 @@ impl Failed {
     }
 }
 
-/// One record to send: its topic, the record (whose headers the send takes), its timestamp
-/// and its index in the open unit (which comes back with a rejection).
+/// Why `connect` did not connect.
+#[derive(Debug)]
+pub enum NotConnected {
+    /// Not now (the destination is unreachable, its coordinator not ready): try again.
+    Retry(String),
+    /// The destination refused the client (a wrong password, an untrusted certificate):
+    /// nothing a retry fixes at start-up; a rotation may be under way once it ran.
+    Refused(String),
+    /// Nothing to do at run time.
+    Exit(Error),
+}
+
+/// What is committed for each partition asked about (`None`: nothing yet).
+pub type Committed = Vec<(Tp, Option<i64>)>;
+
+/// Why the committed offsets could not be read.
+#[derive(Debug)]
+pub enum Unreadable {
+    /// Not now: try again.
+    Retry(String),
+    /// Nothing to do at run time.
+    Exit(Error),
+}
+
+/// A record the destination refused for what it is (its size, its bytes, its timestamp):
+/// sending it again, or replaying it, meets the same refusal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    /// The send's index (its [`Record::index`]).
+    pub index: usize,
+    /// The destination's name for the error (Kafka's: `MESSAGE_TOO_LARGE`), for the DLQ
+    /// copy's headers.
+    pub error: &'static str,
+    /// The destination named this record itself (Kafka's `INVALID_RECORD`, KIP-467), not only
+    /// the batch it travelled in.
+    pub named: bool,
+}
+
+/// One record to send: its destination, the record (whose headers the send takes), its
+/// timestamp and its index in the open unit (which comes back with a rejection).
 pub struct Record<'a, 'b> {
     /// Destination topic.
     pub topic: &'a str,
@@ -148,21 +245,30 @@ pub struct Record<'a, 'b> {
     pub index: usize,
 }
 
-/// The consumer group, as a sink sees it.
+/// The consumer group, as the sink and the rewind see it: Kafka's, since membership is.
 pub trait Group {
     /// The group's generation, for a transactional offset commit (`None` before joining).
     fn metadata(&self) -> Option<rdkafka::consumer::ConsumerGroupMetadata>;
     /// Commits `offsets` outside any transaction.
-    fn commit_offsets(&self, offsets: &TopicPartitionList) -> KafkaResult<()>;
-    /// The group's committed offsets of `partitions`.
-    fn committed(
-        &self,
-        partitions: TopicPartitionList,
-        timeout: Duration,
-    ) -> KafkaResult<TopicPartitionList>;
+    fn commit_offsets(&self, offsets: &[(Tp, i64)]) -> KafkaResult<()>;
+    /// The group's committed offsets of `partitions` (`None`: nothing committed).
+    fn committed(&self, partitions: &[Tp], timeout: Duration) -> KafkaResult<Committed>;
     /// The consumer's position in each assigned partition that has one (a seek unsets it
     /// until the next record).
     fn positions(&self) -> Vec<(Tp, i64)>;
+    /// The partitions assigned now.
+    fn assignment(&self) -> KafkaResult<Vec<Tp>>;
+    /// Moves the consumer to `offsets`. A partition that could not move comes back with why.
+    fn seek(&self, offsets: &[(Tp, i64)], timeout: Duration) -> Result<(), SeekFailed>;
+}
+
+/// Why a seek did not move every partition.
+#[derive(Debug)]
+pub enum SeekFailed {
+    /// The call itself failed.
+    Call(KafkaError),
+    /// This partition did not move.
+    Partition(Tp, KafkaError),
 }
 
 impl<X: ConsumerContext> Group for BaseConsumer<X> {
@@ -170,120 +276,42 @@ impl<X: ConsumerContext> Group for BaseConsumer<X> {
         self.group_metadata()
     }
 
-    fn commit_offsets(&self, offsets: &TopicPartitionList) -> KafkaResult<()> {
-        self.commit(offsets, CommitMode::Sync)
+    fn commit_offsets(&self, offsets: &[(Tp, i64)]) -> KafkaResult<()> {
+        self.commit(&kafka::offset_list(offsets)?, CommitMode::Sync)
     }
 
-    fn committed(
-        &self,
-        partitions: TopicPartitionList,
-        timeout: Duration,
-    ) -> KafkaResult<TopicPartitionList> {
-        self.committed_offsets(partitions, timeout)
+    fn committed(&self, partitions: &[Tp], timeout: Duration) -> KafkaResult<Committed> {
+        let tpl = self.committed_offsets(kafka::partition_list(partitions), timeout)?;
+        Ok(kafka::offsets_of(&tpl))
     }
 
     fn positions(&self) -> Vec<(Tp, i64)> {
         let Ok(tpl) = self.position() else {
             return Vec::new();
         };
-        tpl.elements()
-            .iter()
-            .filter_map(|e| match e.offset() {
-                Offset::Offset(pos) => Some(((e.topic().to_string(), e.partition()), pos)),
-                _ => None,
-            })
+        kafka::offsets_of(&tpl)
+            .into_iter()
+            .filter_map(|(tp, pos)| Some((tp, pos?)))
             .collect()
     }
-}
 
-/// The bounds every blocking call runs within, and the watchdog that names it.
-pub struct Calls {
-    /// Heartbeat and the name of the call in progress.
-    pub health: Arc<Health>,
-    /// Every transactional call is bounded by the transaction timeout.
-    call_timeout: Duration,
-    /// The shutdown grace, once shutdown began.
-    deadline: Option<Instant>,
-}
-
-impl Calls {
-    /// The bound of the next call: the call timeout, or less once a deadline is near.
-    pub fn timeout(&self) -> Duration {
-        match self.deadline {
-            Some(d) => self
-                .call_timeout
-                .min(d.saturating_duration_since(Instant::now())),
-            None => self.call_timeout,
-        }
+    fn assignment(&self) -> KafkaResult<Vec<Tp>> {
+        Consumer::assignment(self).map(|tpl| kafka::partitions(&tpl))
     }
 
-    fn past_deadline(&self) -> bool {
-        self.deadline.is_some_and(|d| Instant::now() >= d)
-    }
-
-    /// Calls `f` (named `name` to the watchdog) until it succeeds, or fails with anything but
-    /// a retriable error of `call`, or has been retried [`MAX_RETRIES`] times, or the deadline
-    /// passed. The error comes back with what it means.
-    pub fn retry<T>(
-        &self,
-        call: Call,
-        name: &'static str,
-        mut f: impl FnMut(Duration) -> KafkaResult<T>,
-    ) -> Result<T, (Action, KafkaError)> {
-        let mut tries = 0;
-        loop {
-            let result = {
-                let _g = self.health.in_call(name);
-                f(self.timeout())
-            };
-            let e = match result {
-                Ok(v) => return Ok(v),
-                Err(e) => e,
-            };
-            match classify(call, &Facts::of(&e)) {
-                Action::Retry if tries < MAX_RETRIES && !self.past_deadline() => {
-                    tries += 1;
-                    debug!(error = %e, tries, "{name}: retrying");
-                    std::thread::sleep(Duration::from_millis(50 * u64::from(tries)));
-                }
-                action => return Err((action, e)),
+    fn seek(&self, offsets: &[(Tp, i64)], timeout: Duration) -> Result<(), SeekFailed> {
+        let tpl = kafka::offset_list(offsets).map_err(SeekFailed::Call)?;
+        let result = self
+            .seek_partitions(tpl, timeout)
+            .map_err(SeekFailed::Call)?;
+        for e in result.elements() {
+            if let Err(err) = e.error() {
+                let tp = (e.topic().to_string(), e.partition());
+                return Err(SeekFailed::Partition(tp, err));
             }
         }
+        Ok(())
     }
-}
-
-/// What a commit attempt did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// No transaction was open.
-    Empty,
-    /// Committed, with this many input records.
-    Committed {
-        /// Input records in the transaction.
-        records: u64,
-    },
-    /// Aborted (or its outcome was unknown); a rewind is pending.
-    Aborted,
-}
-
-/// A send that did not go out.
-#[derive(Debug)]
-pub enum SendError {
-    /// The client refuses the record as larger than message.max.bytes.
-    TooLarge,
-    /// The transaction was aborted because of the error; a rewind is pending.
-    Aborted,
-    /// Stop the process.
-    Fatal(Error),
-}
-
-/// Whether `begin` opened a unit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Began {
-    /// A unit is open.
-    Open,
-    /// The client had to be replaced: nothing is open and a rewind is pending.
-    Replaced,
 }
 
 fn unrecoverable(context: &str, source: KafkaError) -> Error {

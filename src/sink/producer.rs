@@ -12,8 +12,8 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use tracing::{debug, error, info, warn};
 
-use super::{Calls, Failed, Record};
-use crate::error::{Action, Call, Facts, classify, rejected_record};
+use super::{Bounds, Failed, NotConnected, Record, Rejection};
+use crate::error::{Action, Facts, KafkaCall, classify, rejected_record};
 use crate::events::AbortReason;
 use crate::kafka::Refusal;
 
@@ -23,7 +23,7 @@ pub struct Connection {
     /// The topic whose metadata shows the cluster answers (the output topic, which the sink
     /// writes to anyway).
     probe: String,
-    producer: Option<KafkaProducer>,
+    producer: Option<TrackedProducer>,
     /// Why the cluster refused the last producer before it answered, if it did.
     refused: Option<String>,
 }
@@ -41,15 +41,15 @@ impl Connection {
 
     /// A new producer, which replaces the old one once the cluster accepted it and `init`
     /// succeeded (the old one stays if anything fails). Waits up to `timeout` for the
-    /// cluster, and gives up at once if it refuses the producer ([`Connection::refused`]).
+    /// cluster, and gives up at once if it refuses the producer ([`Connection::not_connected`]).
     pub fn connect(
         &mut self,
         timeout: Duration,
-        init: impl FnOnce(&KafkaProducer) -> Result<(), KafkaError>,
+        init: impl FnOnce(&TrackedProducer) -> Result<(), KafkaError>,
     ) -> Result<(), KafkaError> {
         self.refused = None;
         let refusal = Arc::new(Refusal::default());
-        let producer = KafkaProducer::create(&self.config, refusal.clone())?;
+        let producer = TrackedProducer::create(&self.config, refusal.clone())?;
         if let Err(e) = producer.reach_cluster(&self.probe, timeout, &refusal) {
             self.refused = refusal.get();
             return Err(e);
@@ -59,14 +59,24 @@ impl Connection {
         Ok(())
     }
 
-    /// Why the cluster refused the last producer before it ever answered, if it did: a
-    /// wrong password, an untrusted certificate. A failure after it answered is no refusal.
-    pub fn refused(&self) -> Option<String> {
-        self.refused.clone()
+    /// What a failed [`Connection::connect`] means, doing `context`: a refusal (the cluster
+    /// refused the producer before it ever answered: a wrong password, an untrusted
+    /// certificate), an error no retry fixes, or one to retry.
+    pub fn not_connected(&self, context: &str, e: KafkaError) -> NotConnected {
+        if let Some(reason) = &self.refused {
+            return NotConnected::Refused(reason.clone());
+        }
+        if classify(KafkaCall::Init, &Facts::of(&e)) == Action::Exit {
+            return NotConnected::Exit(crate::error::Error::Unrecoverable {
+                context: context.to_string(),
+                source: e,
+            });
+        }
+        NotConnected::Retry(format!("{context}: {e}"))
     }
 
     /// The producer.
-    pub fn producer(&self) -> &KafkaProducer {
+    pub fn producer(&self) -> &TrackedProducer {
         self.producer
             .as_ref()
             .expect("the driver connects the sink before it uses it")
@@ -75,7 +85,7 @@ impl Connection {
 
 /// A producer whose delivery reports are counted and whose rejections are kept; it sends
 /// through topic handles ([`crate::kafka::produce`]).
-pub struct KafkaProducer(crate::kafka::produce::Producer<DeliveryContext>);
+pub struct TrackedProducer(crate::kafka::produce::HandleProducer<DeliveryContext>);
 
 /// Producer callbacks. In a transaction a failed delivery also makes the commit fail with an
 /// abortable error; without one (at-least-once) the sink counts failures itself and does not
@@ -90,8 +100,8 @@ pub struct DeliveryContext {
     pending: AtomicU64,
     /// Failed deliveries since the batch began.
     failed: AtomicU64,
-    /// (send index, code) of each delivery rejected for the record's own fault.
-    rejections: Mutex<Vec<(usize, RDKafkaErrorCode)>>,
+    /// Each delivery rejected for the record's own fault.
+    rejections: Mutex<Vec<Rejection>>,
 }
 
 impl ClientContext for DeliveryContext {
@@ -133,26 +143,29 @@ impl ProducerContext for DeliveryContext {
         if let Err((e, _)) = result {
             debug!(error = %e, "delivery failed; the batch will not commit");
             self.failed.fetch_add(1, Ordering::SeqCst);
-            if let Some(code) = e
-                .rdkafka_error_code()
-                .filter(|c| rejected_record(*c).is_some())
-            {
+            let code = e.rdkafka_error_code();
+            if let Some(error) = code.and_then(rejected_record) {
+                let named = code == Some(RDKafkaErrorCode::InvalidRecord);
                 self.rejections
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .push((index, code));
+                    .push(Rejection {
+                        index,
+                        error,
+                        named,
+                    });
             }
         }
         self.pending.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
-impl KafkaProducer {
+impl TrackedProducer {
     /// A producer with `config` (not yet transactional: see `init_transactions`).
     pub fn create(
         config: &ClientConfig,
         refusal: Arc<Refusal>,
-    ) -> Result<KafkaProducer, KafkaError> {
+    ) -> Result<TrackedProducer, KafkaError> {
         let context = DeliveryContext {
             refusal,
             denial: Mutex::default(),
@@ -161,12 +174,14 @@ impl KafkaProducer {
             rejections: Mutex::default(),
         };
         let inner: ThreadedProducer<DeliveryContext> = config.create_with_context(context)?;
-        Ok(KafkaProducer(crate::kafka::produce::Producer::new(inner)))
+        Ok(TrackedProducer(crate::kafka::produce::HandleProducer::new(
+            inner,
+        )))
     }
 
     /// Waits until the cluster answers (a metadata request), up to `timeout`; returns at once
     /// when it refuses this client, instead of waiting out the timeout while librdkafka
-    /// reconnects (the caller asks [`Connection::refused`] why).
+    /// reconnects (the caller asks [`Connection::not_connected`] why).
     fn reach_cluster(
         &self,
         probe: &str,
@@ -211,7 +226,7 @@ impl KafkaProducer {
     }
 
     /// Sends one record, waiting while the local queue is full.
-    pub fn send(&self, r: Record<'_, '_>, calls: &Calls) -> Result<(), Failed> {
+    pub fn send(&self, r: Record<'_, '_>, bounds: &Bounds) -> Result<(), Failed> {
         let Record {
             topic,
             out,
@@ -238,7 +253,7 @@ impl KafkaProducer {
                 }
                 Err((RDKafkaErrorCode::QueueFull, back)) => {
                     headers = back;
-                    calls.health.beat();
+                    bounds.health.beat();
                     self.inner().poll(Duration::from_millis(10));
                 }
                 // librdkafka's own check: the record's fault, like a broker's rejection.
@@ -247,7 +262,7 @@ impl KafkaProducer {
                 }
                 Err((code, _)) => {
                     let e = KafkaError::MessageProduction(code);
-                    return Err(match classify(Call::Produce, &Facts::of(&e)) {
+                    return Err(match classify(KafkaCall::Produce, &Facts::of(&e)) {
                         Action::Exit => Failed::exit("producing", e),
                         Action::RecreateProducer => {
                             warn!(error = %e, "produce failed; recreating the producer");
@@ -270,12 +285,12 @@ impl KafkaProducer {
 
     /// Flushes, then waits for the delivery callbacks of everything sent (they run on the
     /// producer's thread, after librdkafka is done with a record). Whether all came.
-    pub fn settle(&self, calls: &Calls) -> bool {
-        let _g = calls.health.in_call("flush");
-        if let Err(e) = self.flush(calls.timeout()) {
+    pub fn settle(&self, bounds: &Bounds) -> bool {
+        let _g = bounds.health.in_call("flush");
+        if let Err(e) = self.flush(bounds.timeout()) {
             debug!(error = %e, "flush around a record sent alone");
         }
-        self.wait_for_reports(calls.timeout())
+        self.wait_for_reports(bounds.timeout())
     }
 
     /// Waits up to `bound` for the delivery callbacks of everything sent. Whether all came.
@@ -288,9 +303,8 @@ impl KafkaProducer {
         ctx.pending.load(Ordering::SeqCst) == 0
     }
 
-    /// Waits up to `wait` for outstanding reports, then takes the (send index, code) of every
-    /// rejection so far.
-    pub fn take_rejections(&self, wait: Duration) -> Vec<(usize, RDKafkaErrorCode)> {
+    /// Waits up to `wait` for outstanding reports, then takes every rejection so far.
+    pub fn take_rejections(&self, wait: Duration) -> Vec<Rejection> {
         self.wait_for_reports(wait);
         let ctx = self.inner().context();
         std::mem::take(&mut *ctx.rejections.lock().unwrap_or_else(|p| p.into_inner()))
@@ -313,15 +327,20 @@ impl KafkaProducer {
 
     /// Whether `topic` exists, as the cluster's metadata says. A topic we may not describe
     /// is an error (Kafka does not say whether it exists then).
-    pub fn topic_exists(&self, topic: &str, timeout: Duration) -> Result<bool, KafkaError> {
-        let md = self.inner().client().fetch_metadata(Some(topic), timeout)?;
+    pub fn topic_exists(&self, topic: &str, timeout: Duration) -> Result<bool, String> {
+        let md = self
+            .inner()
+            .client()
+            .fetch_metadata(Some(topic), timeout)
+            .map_err(|e| format!("reading metadata of '{topic}': {e}"))?;
         let Some(t) = md.topics().iter().find(|t| t.name() == topic) else {
             return Ok(false);
         };
         match t.error().map(RDKafkaErrorCode::from) {
             None => Ok(true),
-            Some(RDKafkaErrorCode::TopicAuthorizationFailed) => Err(KafkaError::MetadataFetch(
-                RDKafkaErrorCode::TopicAuthorizationFailed,
+            Some(RDKafkaErrorCode::TopicAuthorizationFailed) => Err(format!(
+                "reading metadata of '{topic}': {}",
+                KafkaError::MetadataFetch(RDKafkaErrorCode::TopicAuthorizationFailed)
             )),
             Some(_) => Ok(false),
         }

@@ -4,9 +4,10 @@
 //! in a transaction one rejected record aborts everything with it. So the driver learns which
 //! input each rejected delivery came from, and the replay sends something else for it:
 //!
-//! 1. Every send carries an index into the open transaction's [`SentLog`] as its delivery
-//!    opaque; the delivery callback keeps `(index, code)` of every rejection
-//!    ([`crate::error::rejected_record`] says which codes are the record's fault).
+//! 1. Every send carries an index into the open transaction's [`SentLog`] (Kafka sinks: as its
+//!    delivery opaque); the sink reports a [`Rejection`] with that index for each record the
+//!    destination refused for what it is (for Kafka, [`crate::error::rejected_record`] says
+//!    which codes are).
 //! 2. After the abort, the rejections become [`Verdict`]s by input position. A rejection is
 //!    certain when it was the only one (librdkafka sends a partition's records in one batch
 //!    and the broker rejects the batch whole, so several rejections can hide one culprit):
@@ -23,7 +24,9 @@
 
 use std::collections::HashMap;
 
-use rdkafka::error::RDKafkaErrorCode as Code;
+use tracing::warn;
+
+use super::Rejection;
 
 /// Which copy of an input record a send was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,15 +116,15 @@ impl SentLog {
 pub enum Verdict {
     /// Rejected together with others: sent alone on the replay to find out.
     Suspect {
-        /// The broker's code.
-        code: Code,
+        /// The destination's name for the error.
+        error: &'static str,
         /// The copy that was rejected.
         copy: Form,
     },
     /// Rejected for its own fault: the replay sends the next form.
     Rejected {
-        /// The broker's code.
-        code: Code,
+        /// The destination's name for the error.
+        error: &'static str,
         /// The form that was rejected.
         copy: Form,
         /// The next form was refused too, together with others: send it again, alone.
@@ -144,35 +147,38 @@ impl Verdicts {
         self.by_topic.get(topic)?.get(&(partition, offset)).copied()
     }
 
-    /// Learns from the rejected sends of an aborted transaction: `(source, code)` of each;
-    /// returns whether any verdict is new. A rejection is certain when it is the only one
-    /// (batch-wide errors fail every record of the batch, so a lone one was alone in it), when
-    /// the record was sent alone, or when the broker named each bad record (KIP-467:
-    /// `INVALID_RECORD` when a batch had several) and all are of one input (a fan-out's
-    /// outputs). Others make suspects, sent alone on the replay.
-    pub fn learn(&mut self, rejected: &[(Source<'_>, Code)], alone: bool) -> bool {
+    /// Learns from the rejected sends of an aborted transaction: each one's source and
+    /// rejection; returns whether any verdict is new. A rejection is certain when it is the
+    /// only one (batch-wide errors fail every record of the batch, so a lone one was alone in
+    /// it), when the record was sent alone, or when the destination named each bad record
+    /// (KIP-467: `INVALID_RECORD` when a batch had several) and all are of one input (a
+    /// fan-out's outputs). Others make suspects, sent alone on the replay.
+    pub fn learn(&mut self, rejected: &[(Source<'_>, Rejection)], alone: bool) -> bool {
         let one_input = rejected.windows(2).all(|w| {
             let (a, b) = (w[0].0, w[1].0);
             (a.topic, a.partition, a.offset) == (b.topic, b.partition, b.offset)
         });
-        let named = rejected.iter().all(|(_, c)| *c == Code::InvalidRecord);
+        let named = rejected.iter().all(|(_, r)| r.named);
         let certain = alone || rejected.len() == 1 || (one_input && named);
         let mut changed = false;
-        for &(s, code) in rejected {
+        for &(s, r) in rejected {
             let known = self.get(s.topic, s.partition, s.offset);
             let v = match known {
                 _ if certain => Verdict::Rejected {
-                    code,
+                    error: r.error,
                     copy: s.copy,
                     alone: false,
                 },
                 // Rejected before; now its next form was refused together with others.
-                Some(Verdict::Rejected { code, copy, .. }) => Verdict::Rejected {
-                    code,
+                Some(Verdict::Rejected { error, copy, .. }) => Verdict::Rejected {
+                    error,
                     copy,
                     alone: true,
                 },
-                _ => Verdict::Suspect { code, copy: s.copy },
+                _ => Verdict::Suspect {
+                    error: r.error,
+                    copy: s.copy,
+                },
             };
             changed |= known != Some(v);
             self.set(s.topic, s.partition, s.offset, v);
@@ -208,6 +214,87 @@ impl Verdicts {
     }
 }
 
+/// What the driver knows of refused records: the open unit's sends and the verdicts.
+#[derive(Debug, Default)]
+pub struct Rejections {
+    sent: SentLog,
+    verdicts: Verdicts,
+}
+
+impl Rejections {
+    /// Logs one send of the open unit; returns its index.
+    pub fn sent(&mut self, source: Source<'_>) -> usize {
+        self.sent.push(source)
+    }
+
+    /// A new unit: the last one's sends are settled.
+    pub fn new_unit(&mut self) {
+        self.sent.clear();
+    }
+
+    /// The verdict on an input, if there is one.
+    pub fn verdict(&self, topic: &str, partition: i32, offset: i64) -> Option<Verdict> {
+        self.verdicts.get(topic, partition, offset)
+    }
+
+    /// A suspect whose records all went through alone is innocent.
+    pub fn cleared(&mut self, topic: &str, partition: i32, offset: i64) {
+        self.verdicts.clear(topic, partition, offset);
+    }
+
+    /// Verdicts below a committed offset are settled.
+    pub fn committed(&mut self, topic: &str, partition: i32, next: i64) {
+        self.verdicts.committed(topic, partition, next);
+    }
+
+    /// Learns from the rejections of a unit that ended without a commit, and forgets its
+    /// sends. `alone`: the last record was sent alone, so a rejection is its own; `source`
+    /// says what was sent with a `TooLarge` refusal the sink itself made. Whether a verdict is
+    /// new (the replay sends something else: progress, not an outage).
+    pub fn learn(&mut self, rejections: Vec<Rejection>, alone: bool) -> bool {
+        if rejections.is_empty() {
+            self.sent.clear();
+            return false;
+        }
+        let rejected: Vec<_> = rejections
+            .iter()
+            .filter_map(|r| self.sent.get(r.index).map(|s| (s, *r)))
+            .collect();
+        if let [(s, r)] = rejected[..].as_ref() {
+            warn!(
+                topic = s.topic, partition = s.partition, offset = s.offset, copy = ?s.copy,
+                error = r.error,
+                "the broker rejected a record; its replay sends the dead-letter copy"
+            );
+        } else if let Some((s, r)) = rejected.first() {
+            // librdkafka sends a partition's records in one batch, which the broker rejects
+            // whole: one culprit can fail a hundred records.
+            warn!(
+                records = rejected.len(),
+                topic = s.topic,
+                partition = s.partition,
+                first_offset = s.offset,
+                error = r.error,
+                "the broker rejected records together; their replay sends each alone to find \
+                 which one is at fault"
+            );
+        }
+        let learned = self.verdicts.learn(&rejected, alone);
+        self.sent.clear();
+        learned
+    }
+
+    /// A record the sink refused itself as too large, before sending: certain.
+    pub fn too_large(&mut self, source: Source<'_>) {
+        let r = Rejection {
+            index: 0,
+            error: "MESSAGE_TOO_LARGE",
+            named: true,
+        };
+        self.verdicts.learn(&[(source, r)], true);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,53 +327,64 @@ mod tests {
         assert_eq!(log.get(a), None);
     }
 
+    const BIG: Rejection = Rejection {
+        index: 0,
+        error: "MESSAGE_TOO_LARGE",
+        named: false,
+    };
+
     #[test]
     fn a_lone_rejection_is_certain_and_several_are_suspects() {
-        let big = Code::MessageSizeTooLarge;
         let mut v = Verdicts::default();
-        assert!(v.learn(&[(src("in", 0, 5, Form::Output), big)], false));
+        assert!(v.learn(&[(src("in", 0, 5, Form::Output), BIG)], false));
         assert_eq!(
             v.get("in", 0, 5),
             Some(Verdict::Rejected {
-                code: big,
+                error: BIG.error,
                 copy: Form::Output,
                 alone: false,
             })
         );
         v.learn(
             &[
-                (src("in", 1, 1, Form::Output), big),
-                (src("in", 1, 2, Form::Output), big),
+                (src("in", 1, 1, Form::Output), BIG),
+                (src("in", 1, 2, Form::Output), BIG),
             ],
             false,
         );
         assert!(matches!(v.get("in", 1, 1), Some(Verdict::Suspect { .. })));
         assert!(matches!(v.get("in", 1, 2), Some(Verdict::Suspect { .. })));
         // Alone, a suspect's rejection is certain.
-        v.learn(&[(src("in", 1, 2, Form::Output), big)], true);
+        v.learn(&[(src("in", 1, 2, Form::Output), BIG)], true);
         assert!(matches!(v.get("in", 1, 2), Some(Verdict::Rejected { .. })));
         v.clear("in", 1, 1);
         assert_eq!(v.get("in", 1, 1), None);
+    }
+
+    #[test]
+    fn a_refused_dead_letter_copy_goes_again_alone() {
+        let mut v = Verdicts::default();
+        v.learn(&[(src("in", 0, 5, Form::Output), BIG)], false);
         // A rejected input's dead-letter copy, refused in a batch with others: that copy goes
         // again, alone.
         v.learn(
             &[
-                (src("in", 0, 5, Form::DeadLetter), big),
-                (src("in", 0, 6, Form::Output), big),
+                (src("in", 0, 5, Form::DeadLetter), BIG),
+                (src("in", 0, 6, Form::Output), BIG),
             ],
             false,
         );
         assert_eq!(
             v.get("in", 0, 5),
             Some(Verdict::Rejected {
-                code: big,
+                error: BIG.error,
                 copy: Form::Output,
                 alone: true,
             })
         );
         assert!(matches!(v.get("in", 0, 6), Some(Verdict::Suspect { .. })));
         // Alone, it is certain.
-        v.learn(&[(src("in", 0, 5, Form::DeadLetter), big)], true);
+        v.learn(&[(src("in", 0, 5, Form::DeadLetter), BIG)], true);
         assert!(matches!(
             v.get("in", 0, 5),
             Some(Verdict::Rejected {
@@ -295,8 +393,17 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn a_fan_out_is_certain_only_when_the_destination_named_each_record() {
+        let mut v = Verdicts::default();
         // Both outputs of one input (a fan-out) named by the broker: certain.
-        let named = Code::InvalidRecord;
+        let named = Rejection {
+            error: "INVALID_RECORD",
+            named: true,
+            ..BIG
+        };
         v.learn(
             &[
                 (src("in", 3, 9, Form::Output), named),
@@ -307,30 +414,21 @@ mod tests {
         assert!(matches!(v.get("in", 3, 9), Some(Verdict::Rejected { .. })));
         // A fan-out in a batch over the topic's size: every output fails with the batch, so
         // one of them alone may well fit. Suspects.
-        v.learn(
-            &[
-                (src("in", 4, 1, Form::Output), big),
-                (src("in", 4, 1, Form::Output), big),
-            ],
-            false,
-        );
+        let fan_out = [
+            (src("in", 4, 1, Form::Output), BIG),
+            (src("in", 4, 1, Form::Output), BIG),
+        ];
+        v.learn(&fan_out, false);
         assert!(matches!(v.get("in", 4, 1), Some(Verdict::Suspect { .. })));
         // Learning the same again is no news.
-        assert!(!v.learn(
-            &[
-                (src("in", 4, 1, Form::Output), big),
-                (src("in", 4, 1, Form::Output), big),
-            ],
-            false,
-        ));
+        assert!(!v.learn(&fan_out, false));
     }
 
     #[test]
     fn committed_positions_are_forgotten() {
-        let big = Code::MessageSizeTooLarge;
         let mut v = Verdicts::default();
-        v.learn(&[(src("in", 0, 5, Form::Output), big)], true);
-        v.learn(&[(src("in", 1, 5, Form::Output), big)], true);
+        v.learn(&[(src("in", 0, 5, Form::Output), BIG)], true);
+        v.learn(&[(src("in", 1, 5, Form::Output), BIG)], true);
         v.committed("in", 0, 5);
         assert!(v.get("in", 0, 5).is_some(), "not yet committed");
         v.committed("in", 0, 6);

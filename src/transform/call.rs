@@ -1,9 +1,11 @@
 //! The call-out: the application next to exactly decides what each record becomes.
 //!
 //! exactly POSTs batches of input records to `--call-url` and turns each answer into outputs
-//! inside the open transaction, like any other transform's. The batching, the calls in flight
-//! and their order live with the loop (`pipeline::stage`); this file is the wire format, the
-//! HTTP client and the [`Transform`] that hands out a record's answer when the loop applies it.
+//! inside the open transaction, like any transform's. The batching, the calls in flight and
+//! their order live with the loop (`pipeline::intake`, which stages records for the
+//! application); this file is the wire format, the [`Application`] seam and its HTTP client
+//! ([`Http`]), and [`outputs`], the pure function that turns a record and its answer into the
+//! record's outputs.
 //!
 //! # Request
 //! `{"records": [R, …]}`, one `R` per input record, in the order they were read:
@@ -40,28 +42,23 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 
 use super::{
-    Failure, InputRecord, Limits, OutputHeaders, OutputRecord, Reason, Transform, TransformError,
-    check_size, truncate,
+    Failure, InputRecord, Limits, OutputHeaders, OutputRecord, Reason, TransformError, check_size,
+    truncate,
 };
 use crate::config::CallSpec;
 use crate::error::Error;
 
-/// The call-out transform: an HTTP client for batches, and the answer of the record the loop
-/// applies next.
-pub struct Call {
+/// The application, as the loop calls it: one batch of records a call, answered later.
+pub trait Application: Send {
+    /// Sends `records` as one batch; the answer arrives on the returned call.
+    fn submit(&self, records: &[InputRecord<'_>], timeout: Duration) -> InFlight;
+}
+
+/// The application behind `--call-url`: an HTTP client whose calls run on a tokio runtime.
+pub struct Http {
     client: reqwest::Client,
     url: reqwest::Url,
     runtime: tokio::runtime::Handle,
-    limits: Limits,
-    /// The answer for the record `apply` is called for next, with that record's identity.
-    prepared: Option<Prepared>,
-}
-
-struct Prepared {
-    topic: String,
-    partition: i32,
-    offset: i64,
-    answer: Answer,
 }
 
 /// What the application said about one record.
@@ -125,6 +122,9 @@ pub struct InFlight {
     pub sent: Instant,
 }
 
+/// Where a call's answer is sent from (an application's task, or a test).
+pub type Answering = mpsc::Sender<Called>;
+
 /// A finished call.
 #[derive(Debug)]
 pub struct Called {
@@ -135,6 +135,13 @@ pub struct Called {
 }
 
 impl InFlight {
+    /// A call sent now, and where its answer is to be sent.
+    pub fn channel() -> (Answering, InFlight) {
+        let (tx, rx) = mpsc::channel();
+        let sent = Instant::now();
+        (tx, InFlight { rx, sent })
+    }
+
     /// The finished call, if it has finished.
     pub fn try_take(&self) -> Option<Called> {
         match self.rx.try_recv() {
@@ -162,13 +169,9 @@ impl InFlight {
     }
 }
 
-impl Call {
+impl Http {
     /// A client for `spec`; calls run on `runtime`.
-    pub fn new(
-        spec: &CallSpec,
-        limits: Limits,
-        runtime: tokio::runtime::Handle,
-    ) -> Result<Call, Error> {
+    pub fn new(spec: &CallSpec, runtime: tokio::runtime::Handle) -> Result<Http, Error> {
         let url = reqwest::Url::parse(&spec.url)
             .map_err(|e| Error::Config(format!("--call-url: {e}")))?;
         let client = reqwest::Client::builder()
@@ -179,27 +182,27 @@ impl Call {
             .pool_max_idle_per_host(spec.in_flight)
             .build()
             .map_err(|e| Error::Config(format!("--call-url: {e}")))?;
-        Ok(Call {
+        Ok(Http {
             client,
             url,
             runtime,
-            limits,
-            prepared: None,
         })
     }
+}
 
+impl Application for Http {
     /// POSTs `records` as one batch; the answer is decoded on the runtime.
-    pub fn submit(&self, records: &[InputRecord<'_>], timeout: Duration) -> InFlight {
+    fn submit(&self, records: &[InputRecord<'_>], timeout: Duration) -> InFlight {
         let body = request(records);
         let lineages: Vec<String> = records.iter().map(lineage).collect();
-        let (tx, rx) = mpsc::channel();
-        let sent = Instant::now();
-        let call = self
+        let (tx, call) = InFlight::channel();
+        let sent = call.sent;
+        let post = self
             .client
             .post(self.url.clone())
             .header(reqwest::header::CONTENT_TYPE, "application/json");
         self.runtime.spawn(async move {
-            let answers = match call.body(body).send().await {
+            let answers = match post.body(body).send().await {
                 Ok(resp) => answer(resp, &lineages).await,
                 Err(e) if e.is_timeout() => Err(CallError::Timeout(timeout)),
                 Err(e) => Err(CallError::Unreachable(chain(&e))),
@@ -209,75 +212,51 @@ impl Call {
                 took: sent.elapsed(),
             });
         });
-        InFlight { rx, sent }
-    }
-
-    /// The answer for `input`, handed out by the next `apply` for that record.
-    pub fn prepare(&mut self, input: &InputRecord<'_>, answer: Answer) {
-        self.prepared = Some(Prepared {
-            topic: input.topic.to_string(),
-            partition: input.partition,
-            offset: input.offset,
-            answer,
-        });
+        call
     }
 }
 
-impl Transform for Call {
-    fn apply<'a>(&mut self, input: &InputRecord<'a>) -> Result<Vec<OutputRecord<'a>>, Failure> {
-        let answer = match self.prepared.take() {
-            Some(p)
-                if p.partition == input.partition
-                    && p.offset == input.offset
-                    && p.topic == input.topic =>
-            {
-                p.answer
-            }
-            _ => {
-                return Err(Failure::Unavailable(format!(
-                    "no answer for {} (the call-out applies records only from answered batches)",
-                    lineage(input)
-                )));
-            }
-        };
-        let outputs = match answer {
-            Answer::Rejected(message) => {
-                return Err(TransformError::new(Reason::AppRejected, message).into());
-            }
-            Answer::Outputs(o) => o,
-        };
-        if outputs.len() > self.limits.max_outputs {
-            return Err(TransformError::new(
-                Reason::TooManyOutputs,
-                format!(
-                    "the application answered {} outputs, more than --max-outputs-per-record {}",
-                    outputs.len(),
-                    self.limits.max_outputs
-                ),
-            )
-            .into());
+/// What `input` becomes by the application's `answer`: its outputs (an absent key or headers
+/// keep the input's), or a bad record (refused by the application, too many outputs, one too
+/// large).
+pub fn outputs<'a>(
+    input: &InputRecord<'a>,
+    answer: Answer,
+    limits: &Limits,
+) -> Result<Vec<OutputRecord<'a>>, Failure> {
+    let outputs = match answer {
+        Answer::Rejected(message) => {
+            return Err(TransformError::new(Reason::AppRejected, message).into());
         }
-        let mut out = Vec::with_capacity(outputs.len());
-        for o in outputs {
-            let key = match o.key {
-                None => input.key.map(Cow::Borrowed),
-                Some(k) => k.map(Cow::Owned),
-            };
-            let size = key.as_ref().map_or(0, |k| k.len()) + o.value.as_ref().map_or(0, Vec::len);
-            check_size(size, &self.limits)?;
-            out.push(OutputRecord {
-                topic: o.topic,
-                key,
-                value: o.value.map(Cow::Owned),
-                headers: o.headers.map_or(OutputHeaders::Input, OutputHeaders::Set),
-            });
-        }
-        Ok(out)
+        Answer::Outputs(o) => o,
+    };
+    if outputs.len() > limits.max_outputs {
+        return Err(TransformError::new(
+            Reason::TooManyOutputs,
+            format!(
+                "the application answered {} outputs, more than --max-outputs-per-record {}",
+                outputs.len(),
+                limits.max_outputs
+            ),
+        )
+        .into());
     }
-
-    fn as_call(&mut self) -> Option<&mut Call> {
-        Some(self)
+    let mut out = Vec::with_capacity(outputs.len());
+    for o in outputs {
+        let key = match o.key {
+            None => input.key.map(Cow::Borrowed),
+            Some(k) => k.map(Cow::Owned),
+        };
+        let size = key.as_ref().map_or(0, |k| k.len()) + o.value.as_ref().map_or(0, Vec::len);
+        check_size(size, limits)?;
+        out.push(OutputRecord {
+            topic: o.topic,
+            key,
+            value: o.value.map(Cow::Owned),
+            headers: o.headers.map_or(OutputHeaders::Input, OutputHeaders::Set),
+        });
     }
+    Ok(out)
 }
 
 /// A record's identity in the request: `topic/partition/offset`.
@@ -698,69 +677,48 @@ mod tests {
         }
     }
 
-    fn call() -> Call {
-        let spec = CallSpec {
-            url: "http://127.0.0.1:9/".into(),
-            batch_records: 10,
-            batch_bytes: 1000,
-            linger: Duration::from_millis(1),
-            in_flight: 1,
-            timeout: Duration::from_secs(1),
-        };
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        Call::new(&spec, limits(), rt.handle().clone()).unwrap()
-    }
-
     #[test]
-    fn apply_hands_out_the_prepared_answer_of_that_record_only() {
-        let mut c = call();
+    fn an_answer_becomes_the_records_outputs_or_a_bad_record() {
         let i = input(Some(b"1"), Some(b"k"));
-        // No answer prepared: unavailable, never the DLQ.
-        assert!(matches!(c.apply(&i), Err(Failure::Unavailable(_))));
         let o = Output {
             topic: None,
             key: None,
             value: Some(b"v".to_vec()),
             headers: None,
         };
-        c.prepare(&i, Answer::Outputs(vec![o.clone()]));
-        let out = c.apply(&i).unwrap();
+        let out = outputs(&i, Answer::Outputs(vec![o.clone()]), &limits()).unwrap();
         assert_eq!(
             out[0].key.as_deref(),
             Some(&b"k"[..]),
             "absent key keeps the input's"
         );
+        assert_eq!(out[0].value.as_deref(), Some(&b"v"[..]));
         assert_eq!(out[0].headers, OutputHeaders::Input);
-        // Used once.
-        assert!(matches!(c.apply(&i), Err(Failure::Unavailable(_))));
-        // Prepared for another record.
-        let other = InputRecord {
-            offset: 8,
-            ..i.clone()
+        let keyless = Output {
+            key: Some(None),
+            headers: Some(vec![("h".into(), None)]),
+            ..o.clone()
         };
-        c.prepare(&other, Answer::Outputs(vec![o.clone()]));
-        assert!(matches!(c.apply(&i), Err(Failure::Unavailable(_))));
-        c.prepare(&i, Answer::Rejected("nope".into()));
-        match c.apply(&i) {
+        let out = outputs(&i, Answer::Outputs(vec![keyless]), &limits()).unwrap();
+        assert_eq!(out[0].key, None);
+        assert_eq!(out[0].headers, OutputHeaders::Set(vec![("h".into(), None)]));
+        match outputs(&i, Answer::Rejected("nope".into()), &limits()) {
             Err(Failure::BadRecord(e)) => assert_eq!(
                 (e.reason, e.message.as_str()),
                 (Reason::AppRejected, "nope")
             ),
             r => panic!("{r:?}"),
         }
-        c.prepare(&i, Answer::Outputs(vec![o.clone(); 4]));
+        let four = Answer::Outputs(vec![o.clone(); 4]);
         assert!(
-            matches!(c.apply(&i), Err(Failure::BadRecord(e)) if e.reason == Reason::TooManyOutputs)
+            matches!(outputs(&i, four, &limits()), Err(Failure::BadRecord(e)) if e.reason == Reason::TooManyOutputs)
         );
         let big = Output {
             value: Some(vec![b'x'; 101]),
             ..o
         };
-        c.prepare(&i, Answer::Outputs(vec![big]));
         assert!(
-            matches!(c.apply(&i), Err(Failure::BadRecord(e)) if e.reason == Reason::OutputTooLarge)
+            matches!(outputs(&i, Answer::Outputs(vec![big]), &limits()), Err(Failure::BadRecord(e)) if e.reason == Reason::OutputTooLarge)
         );
     }
 }

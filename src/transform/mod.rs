@@ -7,9 +7,12 @@
 //! aborted and rewound and the record comes again after a back-off; never the DLQ).
 //!
 //! One file per kind: [`passthrough`] (borrows key and value, copies nothing), [`jq`] (with its
-//! JSON reader and writer in `json`), [`call`] (the application answers batches over HTTP; the
-//! loop stages records for it). [`new`] is where a kind is registered; [`build`] calls it with
-//! the configured limits.
+//! JSON reader and writer in `json`). [`new`] is where a kind is registered; [`build`] calls it
+//! with the configured limits.
+//!
+//! [`call`] is the call-out: the application next to exactly answers batches over HTTP. It is
+//! no per-record transform (the loop stages records and sends them in batches, see
+//! `pipeline::intake`); what a record becomes is [`call::outputs`] of its answer.
 
 pub mod call;
 pub mod jq;
@@ -20,13 +23,10 @@ use std::borrow::Cow;
 
 use crate::config::{TransformConfig, TransformSpec};
 use crate::error::Error;
+use crate::kafka::Tp;
 
-pub use call::Call;
 pub use jq::Jq;
 pub use passthrough::Passthrough;
-
-/// (topic, partition).
-pub type Tp = (String, i32);
 
 /// A record transform, run on the loop thread.
 pub trait Transform: Send {
@@ -42,12 +42,6 @@ pub trait Transform: Send {
     /// their last transaction committed or aborted.
     fn revoked(&mut self, partitions: &[Tp]) {
         let _ = partitions;
-    }
-
-    /// The call-out, whose records the loop stages and sends in batches before it applies
-    /// them; every other kind applies a record as it is read.
-    fn as_call(&mut self) -> Option<&mut Call> {
-        None
     }
 }
 
@@ -65,11 +59,7 @@ pub enum Failure {
 
 /// Builds (and for jq, compiles) the configured transform: one arm per kind.
 pub fn build(config: &TransformConfig) -> Result<Box<dyn Transform>, Error> {
-    let limits = Limits {
-        max_output_bytes: config.max_output_bytes,
-        max_outputs: config.max_outputs_per_record,
-    };
-    new(&config.spec, limits)
+    new(&config.spec, Limits::of(config))
 }
 
 /// Testing only (`--test-unavailable`): `inner` is unavailable for its first `n` records.
@@ -92,9 +82,6 @@ pub fn unavailable_first(inner: Box<dyn Transform>, n: u64) -> Box<dyn Transform
         fn revoked(&mut self, partitions: &[Tp]) {
             self.inner.revoked(partitions);
         }
-        fn as_call(&mut self) -> Option<&mut Call> {
-            self.inner.as_call()
-        }
     }
     if n == 0 {
         return inner;
@@ -109,11 +96,11 @@ pub fn new(spec: &TransformSpec, limits: Limits) -> Result<Box<dyn Transform>, E
         TransformSpec::Jq { program, envelope } => {
             Box::new(Jq::compile(program, *envelope, limits).map_err(Error::Jq)?)
         }
-        TransformSpec::Call(spec) => {
-            let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
-                Error::Config("--call-url: the call-out runs only inside `exactly run`".into())
-            })?;
-            Box::new(Call::new(spec, limits, runtime)?)
+        // The loop stages the call-out's records for the application (pipeline::intake).
+        TransformSpec::Call(_) => {
+            return Err(Error::Config(
+                "--call-url: the call-out is no per-record transform".into(),
+            ));
         }
     })
 }
@@ -137,8 +124,8 @@ pub struct InputRecord<'a> {
     pub headers: Vec<crate::kafka::raw_headers::Header<'a>>,
 }
 
-/// A record copied out of the consumer's buffer: what the call-out stages while its batch is
-/// out, and what the audit reads (`audit::Rec`).
+/// A record copied out of the consumer's buffer: what the loop stages while the call-out's
+/// batch is out, and what the audit reads (`audit::Rec`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OwnedRecord {
     /// Topic.
@@ -336,6 +323,16 @@ pub struct Limits {
     pub max_output_bytes: usize,
     /// Most outputs for one input.
     pub max_outputs: usize,
+}
+
+impl Limits {
+    /// The configured limits.
+    pub fn of(config: &TransformConfig) -> Limits {
+        Limits {
+            max_output_bytes: config.max_output_bytes,
+            max_outputs: config.max_outputs_per_record,
+        }
+    }
 }
 
 /// Cuts `s` to at most `max` bytes on a char boundary, marking the cut with `…`.

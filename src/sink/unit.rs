@@ -1,11 +1,12 @@
-//! The open unit of work, as every sink counts it: records, bytes, offsets per partition.
+//! The open unit of work (a transaction, or an at-least-once batch of deliveries), as every
+//! sink counts it: records, bytes, offsets per partition.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::events::TransactionCommitted;
 use crate::metrics::Metrics;
-use crate::transform::{Reason, Tp};
+use crate::transform::Reason;
 
 /// One input record, as the open unit counts it.
 #[derive(Debug, Clone, Copy)]
@@ -22,27 +23,26 @@ pub struct Consumed<'a> {
     pub timestamp: Option<i64>,
 }
 
-/// One open unit (a transaction, or an at-least-once batch).
+/// One open unit of work: a transaction, or an at-least-once batch of deliveries.
 #[derive(Debug)]
-pub(super) struct Batch {
-    pub(super) began: Instant,
-    pub(super) records: u64,
-    pub(super) bytes: u64,
-    /// First offset consumed, next offset to consume, and records consumed, per topic and
-    /// partition. Keyed by topic first so that the per-record look-up borrows the topic name
+pub struct Unit {
+    began: Instant,
+    records: u64,
+    bytes: u64,
+    /// Next offset to consume and records consumed, per topic and partition. Keyed by topic first so that the per-record look-up borrows the topic name
     /// instead of copying it.
-    offsets: HashMap<String, HashMap<i32, (i64, i64, u64)>>,
+    offsets: HashMap<String, HashMap<i32, (i64, u64)>>,
     /// Input timestamps (ms since the epoch), for the end-to-end latency at commit.
     timestamps: Vec<i64>,
     /// Inputs that yielded no output, and DLQ records by reason (index in [`Reason::ALL`]):
     /// counted when the unit commits, so that a record replayed after an abort counts once.
-    pub(super) filtered: u64,
+    filtered: u64,
     dead_lettered: [u64; Reason::ALL.len()],
 }
 
-impl Batch {
-    pub(super) fn new() -> Batch {
-        Batch {
+impl Unit {
+    pub(super) fn new() -> Unit {
+        Unit {
             began: Instant::now(),
             records: 0,
             bytes: 0,
@@ -51,6 +51,25 @@ impl Batch {
             filtered: 0,
             dead_lettered: Default::default(),
         }
+    }
+
+    /// How long it has been open.
+    pub fn age(&self) -> Duration {
+        self.began.elapsed()
+    }
+
+    /// Input records consumed.
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// Input bytes (keys and values) consumed.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub(super) fn filtered(&mut self) {
+        self.filtered += 1;
     }
 
     pub(super) fn consumed(&mut self, record: Consumed<'_>) {
@@ -73,10 +92,10 @@ impl Batch {
         partitions
             .entry(partition)
             .and_modify(|e| {
-                e.1 = offset + 1;
-                e.2 += 1;
+                e.0 = offset + 1;
+                e.1 += 1;
             })
-            .or_insert((offset, offset + 1, 1));
+            .or_insert((offset + 1, 1));
     }
 
     pub(super) fn dead_lettered(&mut self, reason: Reason) {
@@ -89,18 +108,9 @@ impl Batch {
 
     /// What the commit sends: the next offset of each consumed partition.
     pub(super) fn next_offsets(&self) -> impl Iterator<Item = (&str, i32, i64)> {
-        self.offsets.iter().flat_map(|(t, ps)| {
-            ps.iter()
-                .map(move |(p, (_, next, _))| (t.as_str(), *p, *next))
-        })
-    }
-
-    /// Where each consumed partition started in this unit.
-    pub(super) fn first_offsets(self) -> impl Iterator<Item = (Tp, i64)> {
-        self.offsets.into_iter().flat_map(|(t, ps)| {
-            ps.into_iter()
-                .map(move |(p, (first, _, _))| ((t.clone(), p), first))
-        })
+        self.offsets
+            .iter()
+            .flat_map(|(t, ps)| ps.iter().map(move |(p, (next, _))| (t.as_str(), *p, *next)))
     }
 
     /// Counts the committed unit.
@@ -108,7 +118,7 @@ impl Batch {
         let consumed: Vec<(&str, i32, u64)> = self
             .offsets
             .iter()
-            .flat_map(|(t, ps)| ps.iter().map(move |(p, (_, _, n))| (t.as_str(), *p, *n)))
+            .flat_map(|(t, ps)| ps.iter().map(move |(p, (_, n))| (t.as_str(), *p, *n)))
             .collect();
         TransactionCommitted {
             consumed: &consumed,
@@ -127,8 +137,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tracks_first_and_next_offset_per_partition() {
-        let mut t = Batch::new();
+    fn tracks_the_next_offset_per_partition() {
+        let mut t = Unit::new();
         let at = |topic, partition, offset, bytes| Consumed {
             topic,
             partition,
@@ -150,16 +160,6 @@ mod tests {
         assert_eq!(
             next,
             [("a".into(), 0, 16), ("a".into(), 1, 4), ("b".into(), 0, 8)]
-        );
-        let mut first: Vec<_> = t.first_offsets().collect();
-        first.sort();
-        assert_eq!(
-            first,
-            [
-                (("a".into(), 0), 10),
-                (("a".into(), 1), 3),
-                (("b".into(), 0), 7)
-            ]
         );
     }
 }

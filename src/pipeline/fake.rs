@@ -1,0 +1,567 @@
+//! Fakes for the core's unit tests, after Kafka's `MockProducer` and `MockConsumer`: a sink and
+//! a consumer group over one in-memory broker that records every begin, send, commit (with its
+//! offsets) and abort, and an application whose calls the test answers. A test says what fails;
+//! the broker keeps what a `read_committed` reader would see.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::error::KafkaResult;
+use rdkafka::message::Headers;
+use tokio_util::sync::CancellationToken;
+
+use super::intake::Intake;
+use super::session::{Parts, Poll, Session};
+use super::stage::Stage;
+use super::writer::{Policy, Writer};
+use crate::config::{CallSpec, CommitPolicy, ErrorPolicy, OnError, TransformSpec};
+use crate::events::AbortReason;
+use crate::headers::{ERROR_REASON, LINEAGE};
+use crate::health::Health;
+use crate::kafka::Tp;
+use crate::metrics::Metrics;
+use crate::sink::{
+    Bounds, Driver, Failed, Group, NotConnected, Record, Rejection, SeekFailed, Sink,
+};
+use crate::transform::call::{Answer, Answering, Application, CallError, Called, InFlight};
+use crate::transform::{self, InputRecord, Limits, OwnedRecord};
+
+/// What the sink was asked to do, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Call {
+    Begin,
+    /// A record to `topic` for the input of `lineage` (`topic/partition/offset/index`).
+    Send {
+        topic: String,
+        lineage: String,
+    },
+    /// A commit with these offsets, in the order given.
+    Commit(Vec<(Tp, i64)>),
+    Abort,
+}
+
+/// One record as a `read_committed` reader of an output topic sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Out {
+    pub topic: String,
+    pub lineage: String,
+    /// The `exactly.error.reason` header, on DLQ records.
+    pub reason: Option<String>,
+}
+
+/// The broker the fakes share.
+#[derive(Default)]
+pub struct Broker {
+    /// Every input partition's records, from its first offset.
+    pub log: BTreeMap<Tp, Vec<OwnedRecord>>,
+    /// The group's committed offsets.
+    pub committed: HashMap<Tp, i64>,
+    /// What committed units wrote.
+    pub outputs: Vec<Out>,
+    /// What the open unit wrote so far.
+    open: Vec<Out>,
+    pub calls: Vec<Call>,
+    /// Commits to fail (abortable) before one goes through.
+    pub fail_commits: u32,
+    /// Sends to fail (abortable) before one goes through.
+    pub fail_sends: u32,
+    /// The group's committed offsets cannot be read (librdkafka's mock cluster: it takes
+    /// transactional offset commits but does not answer OffsetFetch with them).
+    pub hide_committed: bool,
+    /// Outputs (not DLQ records) whose value holds this are refused for what they are.
+    pub refuse: Option<Vec<u8>>,
+    refused: Vec<Rejection>,
+}
+
+impl Broker {
+    /// Adds `n` records to `tp`, from offset `first`, each value `v<offset>` (`poison` at the
+    /// offsets in `poison`).
+    pub fn fill(&mut self, tp: (&str, i32), first: i64, n: i64, poison: &[i64]) {
+        let records = (first..first + n)
+            .map(|offset| OwnedRecord {
+                topic: tp.0.to_string(),
+                partition: tp.1,
+                offset,
+                value: Some(if poison.contains(&offset) {
+                    b"poison".to_vec()
+                } else {
+                    format!("v{offset}").into_bytes()
+                }),
+                ..OwnedRecord::default()
+            })
+            .collect();
+        self.log.insert((tp.0.to_string(), tp.1), records);
+    }
+
+    /// The record at `offset` of `tp` becomes a control record (a transaction marker): the
+    /// consumer skips it, its position moving past.
+    pub fn mark(&mut self, tp: (&str, i32), offset: i64) {
+        let log = self.log.entry((tp.0.to_string(), tp.1)).or_default();
+        if let Some(r) = log.iter_mut().find(|r| r.offset == offset) {
+            r.value = None;
+            r.key = Some(MARKER.to_vec());
+        }
+    }
+
+    /// Each committed output's lineage, by topic.
+    pub fn lineages(&self, topic: &str) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .outputs
+            .iter()
+            .filter(|o| o.topic == topic)
+            .map(|o| o.lineage.clone())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The commits the sink was asked for, with their offsets.
+    pub fn commits(&self) -> Vec<Vec<(Tp, i64)>> {
+        self.calls
+            .iter()
+            .filter_map(|c| match c {
+                Call::Commit(o) => Some(o.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// A shared broker.
+pub type Shared = Arc<Mutex<Broker>>;
+
+/// The key of a control record in the fake log.
+const MARKER: &[u8] = b"\0marker";
+
+fn is_marker(r: &OwnedRecord) -> bool {
+    r.key.as_deref() == Some(MARKER)
+}
+
+fn lock(b: &Shared) -> MutexGuard<'_, Broker> {
+    b.lock().unwrap()
+}
+
+/// A sink over the fake broker: a unit's outputs become visible when it commits.
+pub struct FakeSink(pub Shared);
+
+impl Sink for FakeSink {
+    fn connect(&mut self, _: &Bounds) -> Result<(), NotConnected> {
+        Ok(())
+    }
+
+    fn begin(&mut self, _: &Bounds) -> Result<(), Failed> {
+        let mut b = lock(&self.0);
+        b.open.clear();
+        b.calls.push(Call::Begin);
+        Ok(())
+    }
+
+    fn send(&mut self, r: Record<'_, '_>, _: &Bounds) -> Result<(), Failed> {
+        let mut b = lock(&self.0);
+        if b.fail_sends > 0 {
+            b.fail_sends -= 1;
+            return Err(Failed::Abort(AbortReason::ProduceFailed));
+        }
+        let header = |name: &str| {
+            (0..r.out.headers.count())
+                .map(|i| r.out.headers.get(i))
+                .find(|h| h.key == name)
+                .and_then(|h| h.value)
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        };
+        let (lineage, reason) = (header(LINEAGE).unwrap_or_default(), header(ERROR_REASON));
+        let refused = b.refuse.as_ref().is_some_and(|bad| {
+            let value = r.out.value.as_deref().unwrap_or_default();
+            reason.is_none() && value.windows(bad.len()).any(|w| w == bad.as_slice())
+        });
+        if refused {
+            b.refused.push(Rejection {
+                index: r.index,
+                error: "MESSAGE_TOO_LARGE",
+                named: false,
+            });
+        }
+        b.calls.push(Call::Send {
+            topic: r.topic.to_string(),
+            lineage: lineage.clone(),
+        });
+        b.open.push(Out {
+            topic: r.topic.to_string(),
+            lineage,
+            reason,
+        });
+        Ok(())
+    }
+
+    fn settle(&mut self, _: &Bounds) -> bool {
+        true
+    }
+
+    fn take_rejections(&mut self, _: Duration) -> Vec<Rejection> {
+        std::mem::take(&mut lock(&self.0).refused)
+    }
+
+    fn has_rejections(&self) -> bool {
+        !lock(&self.0).refused.is_empty()
+    }
+
+    fn commit(&mut self, offsets: &[(Tp, i64)], _: &dyn Group, _: &Bounds) -> Result<(), Failed> {
+        let mut b = lock(&self.0);
+        let mut offsets = offsets.to_vec();
+        offsets.sort();
+        b.calls.push(Call::Commit(offsets.clone()));
+        if b.fail_commits > 0 || !b.refused.is_empty() {
+            b.fail_commits = b.fail_commits.saturating_sub(1);
+            return Err(Failed::Abort(AbortReason::CommitFailed));
+        }
+        let open = std::mem::take(&mut b.open);
+        b.outputs.extend(open);
+        b.committed.extend(offsets);
+        Ok(())
+    }
+
+    fn abort(&mut self, _: AbortReason, _: &Bounds) -> Result<(), Failed> {
+        let mut b = lock(&self.0);
+        b.open.clear();
+        b.calls.push(Call::Abort);
+        Ok(())
+    }
+
+    fn exists(&self, _: &str, _: Duration) -> Result<bool, String> {
+        Ok(true)
+    }
+}
+
+/// A consumer of the fake broker: reads its assigned partitions in turn, one record a poll.
+pub struct FakeGroup {
+    broker: Shared,
+    assigned: RefCell<Vec<Tp>>,
+    /// Where each partition reads next.
+    fetch: RefCell<HashMap<Tp, i64>>,
+    /// librdkafka's position: unset after a seek until the next record.
+    position: RefCell<HashMap<Tp, i64>>,
+    turn: RefCell<usize>,
+    pub seeks: RefCell<Vec<Vec<(Tp, i64)>>>,
+}
+
+impl FakeGroup {
+    fn new(broker: Shared) -> FakeGroup {
+        FakeGroup {
+            broker,
+            assigned: RefCell::default(),
+            fetch: RefCell::default(),
+            position: RefCell::default(),
+            turn: RefCell::default(),
+            seeks: RefCell::default(),
+        }
+    }
+
+    /// `tp` is assigned, reading from its committed offset, else from `reset`.
+    pub fn assign(&self, tp: (&str, i32), reset: i64) {
+        let tp = (tp.0.to_string(), tp.1);
+        let from = lock(&self.broker)
+            .committed
+            .get(&tp)
+            .copied()
+            .unwrap_or(reset);
+        self.fetch.borrow_mut().insert(tp.clone(), from);
+        self.assigned.borrow_mut().push(tp);
+    }
+
+    /// `tp` is no longer assigned.
+    pub fn revoke(&self, tp: (&str, i32)) {
+        let tp = (tp.0.to_string(), tp.1);
+        self.assigned.borrow_mut().retain(|a| *a != tp);
+        self.position.borrow_mut().remove(&tp);
+    }
+
+    /// The consumer skipped control records (transaction markers) up to `offset`.
+    pub fn skip_to(&self, tp: (&str, i32), offset: i64) {
+        let tp = (tp.0.to_string(), tp.1);
+        self.fetch.borrow_mut().insert(tp.clone(), offset);
+        self.position.borrow_mut().insert(tp, offset);
+    }
+
+    /// Where `tp` reads next.
+    pub fn fetch_at(&self, tp: (&str, i32)) -> Option<i64> {
+        self.fetch.borrow().get(&(tp.0.to_string(), tp.1)).copied()
+    }
+
+    /// The next record of the assigned partitions, taken in turn. Control records before and
+    /// right after it are skipped, the position moving past them as librdkafka's does.
+    pub fn poll(&self) -> Option<OwnedRecord> {
+        let assigned = self.assigned.borrow().clone();
+        let b = lock(&self.broker);
+        let at = |tp: &Tp, offset: i64| {
+            let log = b.log.get(tp)?;
+            let first = log.first()?.offset;
+            log.get(usize::try_from(offset - first).ok()?)
+        };
+        for i in 0..assigned.len() {
+            let turn = (*self.turn.borrow() + i) % assigned.len();
+            let tp = &assigned[turn];
+            let mut next = self.fetch.borrow().get(tp).copied().unwrap_or(0);
+            while at(tp, next).is_some_and(is_marker) {
+                next += 1;
+            }
+            let Some(r) = at(tp, next).cloned() else {
+                continue;
+            };
+            next += 1;
+            while at(tp, next).is_some_and(is_marker) {
+                next += 1;
+            }
+            self.fetch.borrow_mut().insert(tp.clone(), next);
+            self.position.borrow_mut().insert(tp.clone(), next);
+            *self.turn.borrow_mut() = turn + 1;
+            return Some(r);
+        }
+        None
+    }
+}
+
+impl Group for FakeGroup {
+    fn metadata(&self) -> Option<ConsumerGroupMetadata> {
+        None
+    }
+
+    fn commit_offsets(&self, offsets: &[(Tp, i64)]) -> KafkaResult<()> {
+        lock(&self.broker).committed.extend(offsets.iter().cloned());
+        Ok(())
+    }
+
+    fn committed(&self, partitions: &[Tp], _: Duration) -> KafkaResult<Vec<(Tp, Option<i64>)>> {
+        let b = lock(&self.broker);
+        let committed = |tp: &Tp| b.committed.get(tp).copied().filter(|_| !b.hide_committed);
+        Ok(partitions
+            .iter()
+            .map(|tp| (tp.clone(), committed(tp)))
+            .collect())
+    }
+
+    fn positions(&self) -> Vec<(Tp, i64)> {
+        let assigned = self.assigned.borrow();
+        let position = self.position.borrow();
+        assigned
+            .iter()
+            .filter_map(|tp| Some((tp.clone(), *position.get(tp)?)))
+            .collect()
+    }
+
+    fn assignment(&self) -> KafkaResult<Vec<Tp>> {
+        Ok(self.assigned.borrow().clone())
+    }
+
+    fn seek(&self, offsets: &[(Tp, i64)], _: Duration) -> Result<(), SeekFailed> {
+        let mut sorted = offsets.to_vec();
+        sorted.sort();
+        self.seeks.borrow_mut().push(sorted);
+        for (tp, o) in offsets {
+            self.fetch.borrow_mut().insert(tp.clone(), *o);
+            self.position.borrow_mut().remove(tp);
+        }
+        Ok(())
+    }
+}
+
+/// A call the application received: its records, and where to answer.
+type Received = (Vec<OwnedRecord>, Answering);
+
+/// An application whose calls the test answers.
+#[derive(Clone, Default)]
+pub struct Answers(Arc<Mutex<Vec<Received>>>);
+
+impl Application for Answers {
+    fn submit(&self, records: &[InputRecord<'_>], _timeout: Duration) -> InFlight {
+        let (tx, call) = InFlight::channel();
+        let records = records.iter().map(OwnedRecord::of).collect();
+        self.0.lock().unwrap().push((records, tx));
+        call
+    }
+}
+
+impl Answers {
+    /// Calls made so far.
+    pub fn calls(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
+    /// The offsets of call `i`'s records.
+    pub fn offsets(&self, i: usize) -> Vec<(i32, i64)> {
+        let calls = self.0.lock().unwrap();
+        calls[i].0.iter().map(|r| (r.partition, r.offset)).collect()
+    }
+
+    /// Answers call `i`: each record passes through as its own value; or the call fails.
+    pub fn answer(&self, i: usize, ok: bool) {
+        let calls = self.0.lock().unwrap();
+        let (records, tx) = &calls[i];
+        let answers = if ok {
+            Ok(records
+                .iter()
+                .map(|r| {
+                    Answer::Outputs(vec![transform::call::Output {
+                        topic: None,
+                        key: None,
+                        value: r.value.clone(),
+                        headers: None,
+                    }])
+                })
+                .collect())
+        } else {
+            Err(CallError::Unreachable("down".into()))
+        };
+        let _ = tx.send(Called {
+            answers,
+            took: Duration::ZERO,
+        });
+    }
+}
+
+/// A session over the fakes, and the loop that drives it as `pipeline::run_loop` does.
+pub struct Core {
+    pub session: Session,
+    pub group: FakeGroup,
+    pub broker: Shared,
+    pub shutdown: CancellationToken,
+    next: Poll,
+}
+
+/// Commits after every `n` records, never by time.
+pub fn every(n: u64) -> CommitPolicy {
+    CommitPolicy {
+        interval: Duration::from_secs(3600),
+        max_records: n,
+        max_bytes: u64::MAX,
+    }
+}
+
+/// Commits every turn, and moves offsets-only past markers at once.
+pub fn always() -> CommitPolicy {
+    CommitPolicy {
+        interval: Duration::ZERO,
+        ..every(1)
+    }
+}
+
+/// The call-out's batching for the tests: `batch` records a call, two calls out at once.
+pub fn calls_of(batch: usize) -> CallSpec {
+    CallSpec {
+        url: "http://127.0.0.1:9/".into(),
+        batch_records: batch,
+        batch_bytes: 1 << 20,
+        linger: Duration::from_secs(3600),
+        in_flight: 2,
+        timeout: Duration::from_secs(5),
+    }
+}
+
+const LIMITS: Limits = Limits {
+    max_output_bytes: 1 << 20,
+    max_outputs: 10,
+};
+
+impl Core {
+    /// Passthrough, applied as read.
+    pub fn direct(commit: CommitPolicy) -> Core {
+        let t = transform::new(&TransformSpec::Passthrough, LIMITS).unwrap();
+        Core::new(Intake::Direct(t), commit)
+    }
+
+    /// The call-out, calling `app`.
+    pub fn staged(commit: CommitPolicy, spec: CallSpec, app: &Answers) -> Core {
+        let stage = Stage::new(spec, Box::new(app.clone()), LIMITS);
+        Core::new(Intake::Staged(Box::new(stage)), commit)
+    }
+
+    fn new(intake: Intake, commit: CommitPolicy) -> Core {
+        let broker = Shared::default();
+        let (health, metrics) = (Arc::new(Health::default()), Arc::new(Metrics::new()));
+        let shutdown = CancellationToken::new();
+        let bounds = Bounds::new(health.clone(), Duration::from_secs(5));
+        let sink = Box::new(FakeSink(broker.clone()));
+        let timeout = Duration::from_secs(1);
+        let driver =
+            Driver::start(sink, bounds, timeout, metrics.clone(), shutdown.clone()).unwrap();
+        let policy = Policy {
+            output_topic: "out".into(),
+            errors: ErrorPolicy {
+                on_error: OnError::Dlq,
+                dlq_topic: "out.dlq".into(),
+            },
+            lineage: true,
+            max_message_bytes: 1 << 20,
+        };
+        let writer = Writer::new(
+            driver,
+            policy,
+            metrics.clone(),
+            health.clone(),
+            shutdown.clone(),
+        );
+        let session = Session::new(Parts {
+            writer,
+            intake,
+            commit,
+            call_timeout: Duration::from_secs(5),
+            metrics,
+            health,
+            shutdown: shutdown.clone(),
+        });
+        let next = session.next_poll();
+        Core {
+            session,
+            group: FakeGroup::new(broker.clone()),
+            broker,
+            shutdown,
+            next,
+        }
+    }
+
+    /// The broker.
+    pub fn broker(&self) -> MutexGuard<'_, Broker> {
+        lock(&self.broker)
+    }
+
+    /// `tp` is assigned (the rebalance callback), reading from `reset` if nothing is committed.
+    pub fn assign(&mut self, tp: (&str, i32), reset: i64) {
+        self.group.assign(tp, reset);
+        self.session.assigned(vec![(tp.0.to_string(), tp.1)]);
+    }
+
+    /// `tp` is revoked (the rebalance callback).
+    pub fn revoke(&mut self, tp: (&str, i32)) {
+        self.session
+            .revoked(&self.group, vec![(tp.0.to_string(), tp.1)], false);
+        self.group.revoke(tp);
+    }
+
+    /// One turn of the loop; whether a record was read.
+    pub fn turn(&mut self) -> bool {
+        let record = if self.next.read {
+            self.group.poll()
+        } else {
+            None
+        };
+        let input = record.as_ref().map(OwnedRecord::as_input);
+        self.next = match self.session.turn(input.as_ref(), &self.group) {
+            Ok(next) => next,
+            Err(e) => panic!("the turn failed: {e:?}"),
+        };
+        record.is_some()
+    }
+
+    /// Turns until `n` turns in a row read nothing (at most `max` turns).
+    pub fn run(&mut self, max: usize) {
+        let mut idle = 0;
+        for _ in 0..max {
+            idle = if self.turn() { 0 } else { idle + 1 };
+            if idle >= 3 {
+                return;
+            }
+        }
+    }
+}

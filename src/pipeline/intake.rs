@@ -1,0 +1,103 @@
+//! How a record read comes to be applied: decided once, at start, the mode carrying its own
+//! state (Arroyo's `ConsistencyMode`).
+//!
+//! - [`Intake::Direct`]: the transform turns each record into outputs as it is read.
+//! - [`Intake::Staged`]: the call-out. Records wait in the [`Stage`] until the application's
+//!   answer for their batch is back; [`crate::transform::call::outputs`] turns each record and
+//!   its answer into outputs.
+//!
+//! Either way the record then takes the same path into the open unit (`writer.rs`). The
+//! intake is the one source of what was read but not yet applied ([`Unapplied`]): nothing
+//! for the direct mode, the stage's first offsets for the staged one.
+
+use crate::config::{TransformConfig, TransformSpec};
+use crate::error::Error;
+use crate::kafka::Tp;
+use crate::sink::Unapplied;
+use crate::transform::{self, Limits, Transform, call};
+
+use super::stage::Stage;
+
+/// How records are applied.
+pub enum Intake {
+    /// As they are read, by the transform.
+    Direct(Box<dyn Transform>),
+    /// When the application's answer for their batch is back.
+    Staged(Box<Stage>),
+}
+
+/// Partitions gained or lost, for the transform.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Now owned.
+    Assigned(Vec<Tp>),
+    /// No longer owned; their last transaction is settled.
+    Revoked(Vec<Tp>),
+}
+
+impl Intake {
+    /// The configured intake. The call-out's calls run on `runtime`; `unavailable`: testing
+    /// only, the transform refuses its first records as unavailable.
+    pub fn build(
+        config: &TransformConfig,
+        unavailable: u64,
+        runtime: Option<tokio::runtime::Handle>,
+    ) -> Result<Intake, Error> {
+        if let TransformSpec::Call(spec) = &config.spec {
+            let runtime = runtime.ok_or_else(|| {
+                Error::Config("--call-url: the call-out runs only inside `exactly run`".into())
+            })?;
+            let app = call::Http::new(spec, runtime)?;
+            let stage = Stage::new(spec.clone(), Box::new(app), Limits::of(config));
+            return Ok(Intake::Staged(Box::new(stage)));
+        }
+        let t = transform::build(config)?;
+        Ok(Intake::Direct(transform::unavailable_first(t, unavailable)))
+    }
+
+    /// The stage, in the staged mode.
+    pub fn stage(&mut self) -> Option<&mut Stage> {
+        match self {
+            Intake::Direct(_) => None,
+            Intake::Staged(s) => Some(s.as_mut()),
+        }
+    }
+
+    /// Whether records are staged or calls out.
+    pub fn holds_records(&self) -> bool {
+        matches!(self, Intake::Staged(s) if !s.is_empty())
+    }
+
+    /// The transform hears of a partition change.
+    pub fn hear(&mut self, change: &Change) {
+        if let Intake::Direct(t) = self {
+            match change {
+                Change::Assigned(ps) => t.assigned(ps),
+                Change::Revoked(ps) => t.revoked(ps),
+            }
+        }
+    }
+
+    /// Partitions are revoked: nothing staged of them is applied.
+    pub fn revoke(&mut self, partitions: &[Tp]) {
+        if let Intake::Staged(s) = self {
+            s.revoke(partitions);
+        }
+    }
+
+    /// Drops everything staged: the rewind reads it again.
+    pub fn clear(&mut self) {
+        if let Intake::Staged(s) = self {
+            s.clear();
+        }
+    }
+}
+
+impl Unapplied for Intake {
+    fn firsts(&self) -> Vec<(Tp, i64)> {
+        match self {
+            Intake::Direct(_) => Vec::new(),
+            Intake::Staged(s) => s.firsts(),
+        }
+    }
+}

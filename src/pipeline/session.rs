@@ -1,0 +1,370 @@
+//! The session: the one owner of the state the loop and the rebalance callback share.
+//!
+//! The consumer's context holds it behind a lock (librdkafka runs the rebalance callback
+//! inside `poll`, and that callback must settle the open unit before partitions move). The
+//! loop takes the lock once per turn, after `poll` returns, and holds it for the whole turn; the
+//! callback takes it inside `poll`; nothing else does, so it is never contended.
+//!
+//! What it owns, each in one place: the [`Writer`] (the sink's driver and its open unit, and
+//! the record path into it), the [`Intake`] (the transform, or the call-out's stage: the one
+//! source of what was read but not yet applied, which every commit stays below), the
+//! [`Rewind`] (where each partition goes back to after an abort), and the partition changes
+//! the transform has yet to hear of.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use super::intake::{Change, Intake};
+use super::rewind::Rewind;
+use super::stage::{Arrival, Stage};
+use super::writer::Writer;
+use super::{Interrupt, MAX_POLL};
+use crate::backoff::Backoff;
+use crate::config::CommitPolicy;
+use crate::error::Error;
+use crate::events::{self, AbortReason, CallAnswered, Occasion, TransformUnavailable};
+use crate::health::Health;
+use crate::kafka::Tp;
+use crate::metrics::Metrics;
+use crate::sink::{Began, Group, Outcome};
+use crate::transform::{InputRecord, call};
+
+/// What the loop does next: poll for up to `wait`, or (`read` false: the stage is full) not
+/// read at all this turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Poll {
+    /// Longest wait in `poll`.
+    pub wait: Duration,
+    /// Whether to read a record.
+    pub read: bool,
+}
+
+/// The loop's state, owned in one place.
+pub struct Session {
+    writer: Writer,
+    intake: Intake,
+    rewind: Rewind,
+    commit: CommitPolicy,
+    /// Partition changes the transform has not heard of yet, and what it was told it owns.
+    changes: Vec<Change>,
+    owned: BTreeSet<Tp>,
+    /// Bound of the rewind's reads and seeks.
+    call_timeout: Duration,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    shutdown: CancellationToken,
+}
+
+/// What the session is made of.
+pub struct Parts {
+    /// The record path into the sink.
+    pub writer: Writer,
+    /// How records come to be applied.
+    pub intake: Intake,
+    /// When the open unit commits.
+    pub commit: CommitPolicy,
+    /// Bound of the rewind's reads and seeks.
+    pub call_timeout: Duration,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Heartbeat and readiness.
+    pub health: Arc<Health>,
+    /// Shutdown began.
+    pub shutdown: CancellationToken,
+}
+
+impl Session {
+    /// A session of `parts`, before any partition is assigned.
+    pub fn new(parts: Parts) -> Session {
+        Session {
+            writer: parts.writer,
+            intake: parts.intake,
+            rewind: Rewind::default(),
+            commit: parts.commit,
+            changes: Vec::new(),
+            owned: BTreeSet::new(),
+            call_timeout: parts.call_timeout,
+            metrics: parts.metrics,
+            health: parts.health,
+            shutdown: parts.shutdown,
+        }
+    }
+
+    /// An error a rebalance callback met, for the loop to stop with.
+    pub fn take_fatal(&mut self) -> Option<Error> {
+        self.writer.driver.take_fatal()
+    }
+
+    /// How the loop polls next: not past the open unit's commit interval, nor past what the
+    /// stage waits for.
+    pub fn next_poll(&self) -> Poll {
+        let age = self.writer.driver.unit().map(|u| u.age());
+        let age_s = age.map_or(0.0, |a| a.as_secs_f64());
+        self.metrics.open_transaction_age.set(age_s);
+        let due_in = age.map_or(MAX_POLL, |a| self.commit.interval.saturating_sub(a));
+        let wait = due_in.min(MAX_POLL);
+        match &self.intake {
+            Intake::Direct(_) => Poll { wait, read: true },
+            Intake::Staged(s) => Poll {
+                wait: s.poll_wait(wait),
+                read: !s.full(),
+            },
+        }
+    }
+
+    /// One turn of the loop, after `poll` gave `record` (or nothing): the transform hears of
+    /// partition changes; an owed rewind is performed first (the record is past the rewind
+    /// point, so it comes again); else the record is applied or staged, the stage's answers
+    /// are applied, and the unit commits if it is due.
+    pub fn turn(
+        &mut self,
+        record: Option<&InputRecord<'_>>,
+        group: &dyn Group,
+    ) -> Result<Poll, Interrupt> {
+        self.hand_over_changes();
+        if let Some(r) = record {
+            self.rewind.read(r.topic, r.partition, r.offset);
+        }
+        if self.writer.driver.rewind_owed() {
+            self.rewind_now(group)?;
+            return Ok(self.next_poll());
+        }
+        match (&mut self.intake, record) {
+            (Intake::Direct(t), Some(r)) => self.writer.write(r, || t.apply(r))?,
+            (Intake::Staged(stage), Some(r)) => stage.push(r),
+            (_, None) => {}
+        }
+        if let Intake::Staged(stage) = &self.intake {
+            // A full stage reads nothing until an answer (or the back-off) makes room.
+            let wait = if stage.full() {
+                MAX_POLL
+            } else {
+                Duration::ZERO
+            };
+            self.pump(group, wait, false)?;
+        }
+        self.commit_due(group)?;
+        Ok(self.next_poll())
+    }
+
+    /// Partitions are revoked (inside `poll`): the open unit commits first (below anything
+    /// staged), or, when they were lost, aborts (another member may own them already); then
+    /// nothing staged of them is applied.
+    pub fn revoked(&mut self, group: &dyn Group, partitions: Vec<Tp>, lost: bool) {
+        if lost {
+            self.writer.driver.abort_now(AbortReason::PartitionsLost);
+        } else {
+            let driver = &mut self.writer.driver;
+            driver.commit_now(group, &self.intake, Occasion::Rebalance);
+        }
+        self.intake.revoke(&partitions);
+        self.rewind.forget(&partitions);
+        self.changes.push(Change::Revoked(partitions));
+    }
+
+    /// Partitions are assigned (inside `poll`).
+    pub fn assigned(&mut self, partitions: Vec<Tp>) {
+        self.changes.push(Change::Assigned(partitions));
+    }
+
+    /// The consumer is finished (fenced) and a new one takes over, with the same producer: what
+    /// the old one read is aborted (its generation can no longer commit) and dropped, and the
+    /// transform loses every partition first (the new consumer is assigned afresh).
+    pub fn replaced(&mut self) {
+        self.writer.driver.abort_now(AbortReason::ConsumerFenced);
+        self.hand_over_changes();
+        self.intake.clear();
+        self.rewind.clear();
+        // The new consumer starts from the committed offsets.
+        self.writer.driver.rewound();
+        let owned: Vec<Tp> = std::mem::take(&mut self.owned).into_iter().collect();
+        if !owned.is_empty() {
+            self.intake.hear(&Change::Revoked(owned));
+        }
+    }
+
+    /// Commits what is open, within the shutdown `grace`. The call-out's staged records
+    /// first, as far as their answers come back within half of it: the rest is the commit's
+    /// (what stays staged is read again next time).
+    pub fn finish(&mut self, group: &dyn Group, grace: Duration) -> Result<(), Error> {
+        debug_assert!(self.shutdown.is_cancelled());
+        let now = Instant::now();
+        let deadline = now + grace.saturating_sub(MAX_POLL * 10);
+        self.writer.driver.set_deadline(deadline);
+        let answers_by = now + deadline.saturating_duration_since(now) / 2;
+        while self.intake.holds_records()
+            && Instant::now() < answers_by
+            && !self.writer.driver.rewind_owed()
+        {
+            self.health.beat();
+            self.pump(group, MAX_POLL, true)?;
+        }
+        match self.writer.driver.commit(group, &self.intake)? {
+            Outcome::Committed { records } => events::committed(records, Occasion::Shutdown),
+            Outcome::Aborted => {
+                warn!("final transaction aborted; its records are read again next time")
+            }
+            Outcome::Empty => {}
+        }
+        Ok(())
+    }
+
+    /// The loop stops on an error: nothing of the open unit may become visible.
+    pub fn abandon(&mut self) {
+        self.writer.driver.abort_now(AbortReason::ShutdownOnError);
+    }
+
+    /// Tells the transform which partitions it gained and lost since the last turn (only
+    /// those it was told it owns are revoked).
+    fn hand_over_changes(&mut self) {
+        if self.changes.is_empty() {
+            return;
+        }
+        for change in std::mem::take(&mut self.changes) {
+            let change = match change {
+                Change::Assigned(ps) => {
+                    self.owned.extend(ps.iter().cloned());
+                    Change::Assigned(ps)
+                }
+                Change::Revoked(ps) => {
+                    let ps: Vec<Tp> = ps.into_iter().filter(|p| self.owned.remove(p)).collect();
+                    if ps.is_empty() {
+                        continue;
+                    }
+                    Change::Revoked(ps)
+                }
+            };
+            self.intake.hear(&change);
+        }
+    }
+
+    /// Commits the open unit when it reached a bound of the commit policy; an offsets-only
+    /// unit when only control records arrived since the last commit.
+    fn commit_due(&mut self, group: &dyn Group) -> Result<(), Interrupt> {
+        let driver = &mut self.writer.driver;
+        if driver.advance_due(group, &self.intake, self.commit.interval)
+            && driver.begin()? == Began::Open
+        {
+            driver.commit(group, &self.intake)?;
+        }
+        let policy = &self.commit;
+        let due = driver
+            .unit()
+            .is_some_and(|u| policy.due(u.age(), u.records(), u.bytes()));
+        if !due {
+            return Ok(());
+        }
+        if let Outcome::Committed { records } = driver.commit(group, &self.intake)? {
+            events::committed(records, Occasion::Bound);
+        }
+        if self.writer.driver.rewind_owed() {
+            self.rewind_now(group)?;
+        }
+        Ok(())
+    }
+
+    /// Performs the owed rewind: what is staged is dropped (read again), every partition read
+    /// goes back to its committed offset. Aborts in a row back off ([`Backoff::ABORTS`]).
+    fn rewind_now(&mut self, group: &dyn Group) -> Result<(), Interrupt> {
+        self.intake.clear();
+        let driver = &self.writer.driver;
+        let done = self.rewind.perform(
+            group,
+            driver,
+            self.call_timeout,
+            &self.health,
+            &self.shutdown,
+        )?;
+        if !done {
+            // Shutdown began: nothing is open, the loop ends next.
+            return Ok(());
+        }
+        self.writer.driver.rewound();
+        let pause = Backoff::ABORTS.after(self.writer.driver.failures_in_a_row());
+        if !pause.is_zero() {
+            std::thread::sleep(pause);
+        }
+        Ok(())
+    }
+
+    /// The call-out's turn: sends the open batch when it is due (`flush`: whatever it holds),
+    /// and applies every answer that is back, oldest call first; waits up to `wait` for the
+    /// oldest (or for the back-off to pass, when no call is out).
+    fn pump(&mut self, group: &dyn Group, mut wait: Duration, flush: bool) -> Result<(), Error> {
+        loop {
+            let Intake::Staged(stage) = &mut self.intake else {
+                return Ok(());
+            };
+            stage.send_due(flush);
+            let arrival = stage.arrival(wait);
+            self.metrics.calls_in_flight.set(stage.in_flight() as i64);
+            match &arrival {
+                None => {}
+                Some(Arrival::Answered { took, records }) => CallAnswered {
+                    outcome: "ok",
+                    took: *took,
+                    records: *records,
+                }
+                .emit(&self.metrics),
+                Some(Arrival::Failed {
+                    error,
+                    took,
+                    records,
+                }) => {
+                    CallAnswered {
+                        outcome: error.outcome(),
+                        took: *took,
+                        records: *records,
+                    }
+                    .emit(&self.metrics);
+                    return self.call_failed(group, &error.to_string());
+                }
+            }
+            self.apply_answered()?;
+            if arrival.is_none() || self.writer.driver.rewind_owed() {
+                return Ok(());
+            }
+            wait = Duration::ZERO;
+        }
+    }
+
+    /// Applies the answered records in the order they were read, until an abort owes a rewind
+    /// (the rest stay staged, and the rewind drops them).
+    fn apply_answered(&mut self) -> Result<(), Error> {
+        while !self.writer.driver.rewind_owed() {
+            let Intake::Staged(stage) = &mut self.intake else {
+                return Ok(());
+            };
+            let limits = *stage.limits();
+            let Some((record, answer)) = stage.take() else {
+                return Ok(());
+            };
+            let input = record.as_input();
+            self.writer
+                .write(&input, || call::outputs(&input, answer, &limits))?;
+        }
+        Ok(())
+    }
+
+    /// A call failed: the application is unavailable. What earlier answers put in the open
+    /// unit commits (the failed call's records are still staged, so the commit stays below
+    /// them); then everything staged is read again after a rewind, and the application is
+    /// called again only after a back-off.
+    fn call_failed(&mut self, group: &dyn Group, why: &str) -> Result<(), Error> {
+        let pause = self.intake.stage().map_or(Duration::ZERO, Stage::failed);
+        TransformUnavailable {
+            why: &format!("{why}; calling again in {pause:?}"),
+        }
+        .emit();
+        self.writer.not_ready();
+        if let Outcome::Committed { records } = self.writer.driver.commit(group, &self.intake)? {
+            events::committed(records, Occasion::Bound);
+        }
+        self.writer.driver.owe_rewind();
+        Ok(())
+    }
+}

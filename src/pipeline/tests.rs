@@ -1,0 +1,265 @@
+//! The core's orderings, without a broker: each test drives a [`Session`] the way the loop
+//! does, over the fakes, and checks what a `read_committed` reader would see.
+
+use std::time::{Duration, Instant};
+
+use super::fake::{Answers, Call, Core, always, calls_of, every};
+use crate::kafka::Tp;
+
+fn tp(p: i32) -> Tp {
+    ("in".to_string(), p)
+}
+
+fn lineages(offsets: &[(i32, i64)]) -> Vec<String> {
+    let mut v: Vec<String> = offsets
+        .iter()
+        .map(|(p, o)| format!("in/{p}/{o}/0"))
+        .collect();
+    v.sort();
+    v
+}
+
+impl Core {
+    /// Shutdown: the final commit, within a grace of 2 s.
+    fn finish(&mut self) {
+        self.shutdown.cancel();
+        let grace = Duration::from_secs(2);
+        self.session.finish(&self.group, grace).unwrap();
+    }
+}
+
+#[test]
+fn a_failed_call_commits_only_what_earlier_answers_applied() {
+    let app = Answers::default();
+    let mut core = Core::staged(every(1000), calls_of(2), &app);
+    core.broker().fill(("in", 0), 0, 4, &[]);
+    core.assign(("in", 0), 0);
+    for _ in 0..4 {
+        core.turn();
+    }
+    assert_eq!(app.calls(), 2);
+    app.answer(0, true);
+    core.turn(); // records 0 and 1 into the open unit
+    app.answer(1, false);
+    core.turn(); // the call failed: what is applied commits
+    {
+        let b = core.broker();
+        // Not 4, though the consumer has read to 4: records 2 and 3 were never applied.
+        assert_eq!(b.commits(), [vec![(tp(0), 2)]]);
+        assert_eq!(b.lineages("out"), lineages(&[(0, 0), (0, 1)]));
+    }
+    core.turn(); // the rewind
+    assert_eq!(core.group.seeks.borrow().last(), Some(&vec![(tp(0), 2)]));
+    assert_eq!(core.group.fetch_at(("in", 0)), Some(2));
+}
+
+#[test]
+fn a_rewind_brings_back_every_record_read_and_not_committed() {
+    let mut core = Core::direct(every(6));
+    {
+        let mut b = core.broker();
+        // Committed at 5 by an earlier owner; nothing committed, read from the earliest;
+        // nothing committed, read from the latest.
+        b.fill(("in", 0), 5, 4, &[]);
+        b.committed.insert(tp(0), 5);
+        b.fill(("in", 1), 0, 4, &[]);
+        b.fill(("in", 2), 10, 4, &[]);
+        b.fail_commits = 1;
+    }
+    core.assign(("in", 0), 0);
+    core.assign(("in", 1), 0);
+    core.assign(("in", 2), 10);
+    for _ in 0..6 {
+        core.turn(); // two of each, then the commit fails
+    }
+    let seeks = core.group.seeks.borrow().clone();
+    assert_eq!(seeks, [vec![(tp(0), 5), (tp(1), 0), (tp(2), 10)]]);
+    core.run(100);
+    core.finish();
+    let b = core.broker();
+    let all: Vec<(i32, i64)> = (5..9)
+        .map(|o| (0, o))
+        .chain((0..4).map(|o| (1, o)))
+        .chain((10..14).map(|o| (2, o)))
+        .collect();
+    assert_eq!(b.lineages("out"), lineages(&all));
+}
+
+#[test]
+fn without_committed_offsets_to_read_a_rewind_goes_back_to_what_was_committed_last() {
+    let mut core = Core::direct(every(2));
+    core.broker().fill(("in", 0), 0, 6, &[]);
+    core.broker().hide_committed = true;
+    core.assign(("in", 0), 0);
+    core.turn();
+    core.turn(); // committed at 2
+    core.broker().fail_commits = 1;
+    core.turn();
+    core.turn(); // the commit at 4 fails
+    assert_eq!(core.group.seeks.borrow().last(), Some(&vec![(tp(0), 2)]));
+    core.run(20);
+    let all: Vec<(i32, i64)> = (0..6).map(|o| (0, o)).collect();
+    assert_eq!(core.broker().lineages("out"), lineages(&all));
+}
+
+#[test]
+fn a_record_read_while_a_rewind_is_owed_comes_again() {
+    let mut core = Core::direct(every(100));
+    core.broker().fill(("in", 0), 0, 3, &[]);
+    core.broker().fill(("in", 1), 0, 3, &[]);
+    core.broker().fail_sends = 1;
+    core.assign(("in", 0), 0);
+    core.assign(("in", 1), 0);
+    core.turn(); // in/0@0: its send fails, the unit aborts
+    core.turn(); // in/1@0, the first record of in/1, read while the rewind is owed
+    assert_eq!(
+        core.group.seeks.borrow().last(),
+        Some(&vec![(tp(0), 0), (tp(1), 0)])
+    );
+    core.run(100);
+    core.finish();
+    let all: Vec<(i32, i64)> = (0..3).flat_map(|o| [(0, o), (1, o)]).collect();
+    assert_eq!(core.broker().lineages("out"), lineages(&all));
+}
+
+#[test]
+fn no_commit_passes_a_record_whose_send_failed() {
+    let mut core = Core::direct(always());
+    core.broker().fill(("in", 0), 0, 3, &[]);
+    core.broker().fail_sends = 1;
+    core.assign(("in", 0), 0);
+    core.run(20);
+    let b = core.broker();
+    assert_eq!(b.lineages("out"), lineages(&[(0, 0), (0, 1), (0, 2)]));
+    assert_eq!(b.committed.get(&tp(0)), Some(&3));
+}
+
+#[test]
+fn a_revoke_commits_below_staged_records_and_drops_them() {
+    let app = Answers::default();
+    let mut core = Core::staged(every(1000), calls_of(2), &app);
+    core.broker().fill(("in", 0), 0, 2, &[]);
+    core.broker().fill(("in", 1), 0, 2, &[]);
+    core.assign(("in", 0), 0);
+    core.assign(("in", 1), 0);
+    for _ in 0..4 {
+        core.turn();
+    }
+    assert_eq!(app.offsets(0), [(0, 0), (1, 0)]);
+    assert_eq!(app.offsets(1), [(0, 1), (1, 1)]);
+    app.answer(0, true);
+    core.turn(); // 0@0 and 1@0 in the open unit; 0@1 and 1@1 out with the second call
+    core.revoke(("in", 0));
+    // The revoke committed first, below the staged records of both partitions.
+    assert_eq!(core.broker().commits(), [vec![(tp(0), 1), (tp(1), 1)]]);
+    app.answer(1, true);
+    core.run(10);
+    core.finish();
+    let b = core.broker();
+    // 0@1 was dropped with its partition: its next owner reads it from offset 1.
+    assert_eq!(b.lineages("out"), lineages(&[(0, 0), (1, 0), (1, 1)]));
+    assert_eq!(b.committed.get(&tp(0)), Some(&1));
+    assert_eq!(b.committed.get(&tp(1)), Some(&2));
+}
+
+#[test]
+fn commits_move_the_group_past_markers_with_records_or_without() {
+    let mut core = Core::direct(every(2));
+    {
+        let mut b = core.broker();
+        b.fill(("in", 0), 0, 4, &[]);
+        b.mark(("in", 0), 1);
+        b.mark(("in", 0), 3);
+    }
+    core.assign(("in", 0), 0);
+    core.run(10);
+    // Records 0 and 2, and the marker after 2 too.
+    assert_eq!(core.broker().commits(), [vec![(tp(0), 4)]]);
+    let mut core = Core::direct(always());
+    core.broker().fill(("in", 0), 0, 2, &[]);
+    core.assign(("in", 0), 0);
+    core.run(10);
+    assert_eq!(core.broker().committed.get(&tp(0)), Some(&2));
+    core.group.skip_to(("in", 0), 4); // markers at 2 and 3 arrive alone
+    core.turn();
+    let b = core.broker();
+    assert_eq!(b.committed.get(&tp(0)), Some(&4));
+    assert_eq!(
+        b.calls
+            .iter()
+            .filter(|c| matches!(c, Call::Send { .. }))
+            .count(),
+        2
+    );
+}
+
+#[test]
+fn an_offsets_only_unit_stops_at_a_staged_record() {
+    let app = Answers::default();
+    let mut core = Core::staged(always(), calls_of(1), &app);
+    core.broker().fill(("in", 0), 0, 1, &[]);
+    core.assign(("in", 0), 0);
+    core.turn(); // in/0@0 staged, its call out
+    core.group.skip_to(("in", 0), 3); // markers behind it
+    core.turn();
+    core.turn();
+    let passed = |core: &Core| {
+        core.broker()
+            .commits()
+            .iter()
+            .flatten()
+            .any(|(t, o)| *t == tp(0) && *o > 0)
+    };
+    assert!(!passed(&core), "{:?}", core.broker().commits());
+    app.answer(0, true);
+    core.run(5);
+    assert_eq!(core.broker().committed.get(&tp(0)), Some(&3));
+    assert_eq!(core.broker().lineages("out"), lineages(&[(0, 0)]));
+}
+
+#[test]
+fn a_refused_record_goes_to_the_dead_letter_topic_on_its_replay_and_the_rest_once() {
+    let mut core = Core::direct(every(5));
+    core.broker().fill(("in", 0), 0, 5, &[2]);
+    core.broker().refuse = Some(b"poison".to_vec());
+    core.assign(("in", 0), 0);
+    core.run(50);
+    core.finish();
+    let b = core.broker();
+    assert_eq!(
+        b.lineages("out"),
+        lineages(&[(0, 0), (0, 1), (0, 3), (0, 4)])
+    );
+    assert_eq!(b.lineages("out.dlq"), lineages(&[(0, 2)]));
+    let dlq: Vec<_> = b.outputs.iter().filter(|o| o.topic == "out.dlq").collect();
+    assert_eq!(dlq[0].reason.as_deref(), Some("rejected_by_broker"));
+    assert_eq!(b.calls.iter().filter(|c| **c == Call::Abort).count(), 1);
+}
+
+#[test]
+fn shutdown_commits_what_was_answered_within_the_grace() {
+    let app = Answers::default();
+    let mut core = Core::staged(every(1000), calls_of(2), &app);
+    core.broker().fill(("in", 0), 0, 4, &[]);
+    core.assign(("in", 0), 0);
+    for _ in 0..4 {
+        core.turn();
+    }
+    app.answer(0, true); // the second call is never answered
+    core.shutdown.cancel();
+    let grace = Duration::from_secs(2);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let started = Instant::now();
+    std::thread::spawn(move || {
+        let finished = core.session.finish(&core.group, grace);
+        let _ = tx.send((finished.is_ok(), core));
+    });
+    let (ok, core) = rx
+        .recv_timeout(grace + Duration::from_secs(3))
+        .expect("the final commit must come within the grace");
+    assert!(ok);
+    assert!(started.elapsed() < grace, "{:?}", started.elapsed());
+    let b = core.broker();
+    assert_eq!(b.commits(), [vec![(tp(0), 2)]]);
+    assert_eq!(b.lineages("out"), lineages(&[(0, 0), (0, 1)]));
+}

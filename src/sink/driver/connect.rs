@@ -1,0 +1,110 @@
+//! Connecting the sink: at start-up, until --startup-timeout, and again after a client was
+//! fenced or broke, backing off while that repeats.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use super::{Driver, State};
+use crate::backoff::Backoff;
+use crate::error::Error;
+use crate::events::{AbortReason, Ended, ProducerRecreated};
+use crate::metrics::Metrics;
+use crate::sink::offsets::CommitOffsets;
+use crate::sink::rejected::Rejections;
+use crate::sink::{Bounds, NotConnected, Sink};
+
+impl Driver {
+    /// Connects `sink`, retrying until `startup_timeout` has passed.
+    pub fn start(
+        mut sink: Box<dyn Sink>,
+        bounds: Bounds,
+        startup_timeout: Duration,
+        metrics: Arc<Metrics>,
+        shutdown: CancellationToken,
+    ) -> Result<Driver, Error> {
+        let deadline = Instant::now() + startup_timeout;
+        let (mut last, mut attempts) = (None, 0);
+        while Instant::now() < deadline && !shutdown.is_cancelled() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match sink.connect(&bounds.with_timeout(left)) {
+                Ok(()) => {
+                    return Ok(Driver {
+                        sink,
+                        bounds,
+                        state: State::Idle,
+                        offsets: CommitOffsets::default(),
+                        rejections: Rejections::default(),
+                        failures: 0,
+                        fatal: None,
+                        metrics,
+                        shutdown,
+                    });
+                }
+                Err(NotConnected::Refused(reason)) => return Err(Error::Refused(reason)),
+                Err(NotConnected::Exit(e)) => return Err(e),
+                Err(NotConnected::Retry(why)) => {
+                    warn!(error = %why, "the sink did not connect; retrying");
+                    attempts += 1;
+                    std::thread::sleep(Backoff::STARTUP.after(attempts).min(left));
+                    last = Some(why);
+                }
+            }
+        }
+        Err(Error::Startup(format!(
+            "could not connect within {} (--startup-timeout){}",
+            humantime::format_duration(startup_timeout),
+            last.map(|e| format!(": {e}")).unwrap_or_default()
+        )))
+    }
+
+    pub(super) fn fail_recreate(&mut self, reason: AbortReason) -> Result<(), Error> {
+        if matches!(self.state, State::Open(_)) {
+            // Replacing the producer aborts its transaction: counted like any other abort.
+            self.aborted_event(reason, Ended::Replaced);
+        }
+        self.failures += 1;
+        self.recreate(reason)
+    }
+
+    /// Replaces the client: a new transactional producer's init_transactions bumps the epoch
+    /// (fencing the old one) and completes whatever the old one left open. Backs off while
+    /// failures repeat. A rewind is owed afterwards.
+    pub(super) fn recreate(&mut self, reason: AbortReason) -> Result<(), Error> {
+        self.state = State::RewindOwed;
+        // The old producer's reports die with it.
+        self.learn(false);
+        let mut attempt = 0u32;
+        loop {
+            if self.shutdown.is_cancelled() {
+                // Nothing is open any more; the coordinator aborts what the old producer left,
+                // or the next start fences it. Waiting for the broker would outlast the grace.
+                return Err(Error::Stopped(format!(
+                    "shutting down before the producer could be recreated ({}); the open \
+                     transaction is left to the coordinator to abort",
+                    reason.as_str()
+                )));
+            }
+            let pause = Backoff::PRODUCER.after(self.failures.saturating_add(attempt));
+            if !pause.is_zero() {
+                info!(backoff = ?pause, reason = reason.as_str(), "waiting before recreating the producer");
+                std::thread::sleep(pause);
+            }
+            match self.sink.connect(&self.bounds) {
+                Ok(()) => {
+                    ProducerRecreated { reason }.emit(&self.metrics);
+                    return Ok(());
+                }
+                Err(NotConnected::Exit(e)) => return Err(e),
+                // The cluster took these settings before: a refusal now (credentials
+                // rotated, a certificate renewed on one broker) may pass; keep backing off.
+                Err(NotConnected::Retry(why) | NotConnected::Refused(why)) => {
+                    error!(error = %why, reason = reason.as_str(), "could not recreate the producer; retrying");
+                    attempt = attempt.saturating_add(1);
+                }
+            }
+        }
+    }
+}
