@@ -7,38 +7,46 @@
 //! # Layout
 //!
 //! Imports run one way, from the leaves up (`scripts/modgraph.py` checks it in CI):
-//! `error`, `kafka`, `metrics`, `health` → `config` → `transform` → `headers`, `records`,
-//! `events`, `offsets` → `sink`, `lag`, `audit` → `pipeline` → here.
+//! `error`, `kafka`, `metrics`, `health`, `backoff` → `config` → `transform` → `headers`,
+//! `records`, `events`, `offsets` → `sink`, `lag`, `audit` → `pipeline` → here.
 //!
 //! - [`config`]: the command line and `EXACTLY_…` environment, one file per subcommand,
-//!   validated before anything runs.
-//! - [`pipeline`]: the loop. A record is **read** by `poll` in `Pipeline::run_loop`,
-//!   **transformed** in `Pipeline::process`, **written** through [`sink::Driver::send`], and
-//!   **committed** with its offsets by [`sink::Driver::commit`]. [`pipeline::context`] is the
-//!   consumer's rebalance callback, which commits or aborts before partitions move; the rewind
-//!   after an abort is there too. With the call-out, records wait in the stage
-//!   (`pipeline/stage.rs`) until the application's answer for their batch is back, and are
-//!   then applied in the order they were read.
-//! - [`sink`]: where outputs go and how they become durable with the offsets: the [`sink::Sink`]
-//!   seam (begin, send, commit with offsets, abort, what the group committed), one file per
-//!   guarantee ([`sink::exactly_once`]: transactions; [`sink::at_least_once`]: delivery-confirmed
-//!   batches), and the [`sink::Driver`] that keeps what every sink shares: the open batch, the
-//!   pending rewind, back-off, and [`sink::rejected`], the records the broker rejects for what
-//!   they are.
+//!   validated before anything runs; `exactly run`'s [`config::Config`] comes in the parts each
+//!   piece is built from (group, sink, commit policy, error policy, test switches).
+//! - [`pipeline`]: the loop. A record is **read** by `poll` in `pipeline::run_loop` and handed
+//!   to the [`pipeline::Session`], the one owner of the loop's state, whose `turn` **applies**
+//!   it through the [`pipeline::Intake`] (the transform, or the call-out's stage, where records
+//!   wait for the application's answer), **writes** its outputs or DLQ copy through
+//!   `pipeline::writer` into the sink's open unit, and **commits** the unit with its offsets
+//!   when it is due. The consumer's rebalance callback ([`pipeline::context`]) reaches the same
+//!   session to commit (or abort) before partitions move; [`pipeline::rewind`] is where every
+//!   partition goes back to after an abort. `pipeline/tests.rs` runs these orderings over the
+//!   fakes of `pipeline/fake.rs`, without a broker.
+//! - [`sink`]: where outputs go and how they become durable with the offsets: the
+//!   [`sink::Sink`] seam in exactly's own terms (connect, begin, send, commit with offsets,
+//!   abort, refused records, what is committed), one file per guarantee
+//!   ([`sink::exactly_once`]: transactions; [`sink::at_least_once`]: delivery-confirmed
+//!   units), the [`sink::Driver`] that turns a sink's failures into aborts and new clients and
+//!   says when a rewind is owed, [`sink::offsets`] (what a commit sends: past transaction
+//!   markers, never past a record not yet applied), [`sink::rejected`] (what the replay of a
+//!   record the broker refused sends instead) and [`sink::faults`] (testing only: failures on
+//!   purpose).
 //! - [`transform`]: the [`transform::Transform`] lifecycle (apply, partitions assigned and
 //!   revoked; a bad record is not an unavailable transform), one file per kind: passthrough,
-//!   jq (jaq), and the call-out (`--call-url`: batches POSTed to the application next to
-//!   exactly, its answers written in the same transaction).
+//!   jq (jaq); and [`transform::call`], the call-out's wire format, its
+//!   [`transform::call::Application`] seam and HTTP client, and the pure function from a
+//!   record and its answer to outputs.
 //! - [`records`]: what goes out for one input (outputs with headers, or its DLQ copy), checked
 //!   against the producer's size limit; shared by the pipeline and the audit's replay.
 //! - [`headers`]: the lineage header on every output and the reason headers on DLQ records.
 //! - [`kafka`]: a leaf: every client's librdkafka settings from one [`kafka::Settings`] and a
 //!   [`kafka::Role`] (security settings for all of them, the one rule for what is a secret,
-//!   [`kafka::Refusal`]: the cluster refusing a client); the librdkafka calls rust-rdkafka
-//!   lacks, behind safe wrappers (producing through topic handles, header names as bytes,
-//!   flush).
+//!   [`kafka::Refusal`]: the cluster refusing a client); [`kafka::Tp`], a partition; the
+//!   librdkafka calls rust-rdkafka lacks, behind safe wrappers (producing through topic
+//!   handles, header names as bytes, flush).
 //! - [`error`]: error types, and [`error::classify`], the one table that says what a failed
 //!   Kafka call means (retry, abort and rewind, unknown outcome, recreate, exit).
+//! - [`backoff`]: every pause after failures in a row, one named schedule each.
 //! - [`events`]: what happens to the pipeline (aborted, committed, rebalanced, producer
 //!   recreated, record dead-lettered…), each a type whose `emit` logs and counts it.
 //! - [`metrics`]: the Prometheus registry and typed handles; [`http`]: `/metrics`, `/livez`,
@@ -48,11 +56,11 @@
 //! - [`offsets`]: where a group's offsets are kept, one file per store (the Kafka group,
 //!   Redis, MySQL, files), and `exactly offsets show|import|export`, which moves a position
 //!   between them; the audit reads the group's committed offsets through it.
-//! - [`audit`]: `exactly audit`, which replays the transform over a range of the input and
-//!   matches every output to its input (lost, duplicated, unexpected, order, hanging
-//!   transactions).
+//! - [`audit`]: `exactly audit`, which replays the transform (or the application's answers)
+//!   over a range of the input and matches every output to its input (lost, duplicated,
+//!   unexpected, order, hanging transactions).
 //!
-//! [`run`] ties them together; `main.rs` only parses, installs signal handling and calls it.
+//! [`run`] ties them together; `main.rs` only parses, installs signal handling and dispatches.
 
 pub mod audit;
 pub mod backoff;

@@ -1,7 +1,8 @@
 //! The reference docs cannot drift from the code. `docs/configuration.md` lists exactly the
 //! flags that `exactly run --help` and `exactly audit --help` print, with the same environment
 //! variables and defaults; `docs/metrics.md` lists exactly the metric families the registry
-//! exports, with the same types and label names. No broker needed.
+//! exports, with the same types and label names; `docs/extending.md` shows the seams' traits
+//! with the methods the code declares. No broker needed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -11,6 +12,44 @@ use exactly::metrics::{Family, Metrics};
 
 const CONFIGURATION: &str = "docs/configuration.md";
 const METRICS: &str = "docs/metrics.md";
+const EXTENDING: &str = "docs/extending.md";
+
+#[test]
+fn extending_doc_shows_the_seams_as_they_are() {
+    for (name, file) in [
+        ("Transform", "src/transform/mod.rs"),
+        ("Application", "src/transform/call.rs"),
+        ("Sink", "src/sink/mod.rs"),
+    ] {
+        let code = std::fs::read_to_string(file).unwrap();
+        let docs = std::fs::read_to_string(EXTENDING).unwrap();
+        let code =
+            trait_methods(&code, name).unwrap_or_else(|| panic!("no trait {name} in {file}"));
+        let docs = trait_methods(&docs, name)
+            .unwrap_or_else(|| panic!("fix {EXTENDING}: show `pub trait {name}`"));
+        same_names(
+            &format!("{EXTENDING}, `pub trait {name}`"),
+            code.iter().map(String::as_str),
+            docs.iter().map(String::as_str),
+        );
+    }
+}
+
+/// The names of the methods of `pub trait {name}` in `text`, up to its closing brace at the
+/// start of a line.
+fn trait_methods(text: &str, name: &str) -> Option<Vec<String>> {
+    let start = text.find(&format!("pub trait {name}"))?;
+    let body = &text[start..];
+    let end = body.find("\n}").unwrap_or(body.len());
+    Some(
+        body[..end]
+            .split("fn ")
+            .skip(1)
+            .filter_map(|f| f.split(['(', '<']).next())
+            .map(str::to_string)
+            .collect(),
+    )
+}
 
 #[test]
 fn configuration_doc_matches_run_help() {
