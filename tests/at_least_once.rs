@@ -8,13 +8,7 @@ use std::time::Duration;
 
 use common::*;
 use nix::sys::signal::Signal;
-use serde_json::{Value, json};
-
-const DOUBLE: &str = "{id, doubled: (.n * 2)}";
-
-fn doubled(v: &Value) -> Vec<Value> {
-    vec![json!({"id": v["id"], "doubled": v["n"].as_i64().unwrap() * 2})]
-}
+use serde_json::Value;
 
 /// Every expected output present with the right value; returns how many extra copies.
 fn assert_at_least_once(

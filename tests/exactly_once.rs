@@ -9,13 +9,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use rdkafka::producer::Producer;
-use serde_json::{Value, json};
-
-const DOUBLE: &str = "{id, doubled: (.n * 2)}";
-
-fn doubled(v: &Value) -> Vec<Value> {
-    vec![json!({"id": v["id"], "doubled": v["n"].as_i64().unwrap() * 2})]
-}
 
 #[test]
 fn twenty_thousand_records_through_jq_exactly_once() {

@@ -16,15 +16,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 const IMAGE: &str = "exactly-test:latest";
-const DOUBLE: &str = "{id, doubled: (.n * 2)}";
-
-fn doubled(v: &Value) -> Vec<Value> {
-    vec![json!({"id": v["id"], "doubled": v["n"].as_i64().unwrap() * 2})]
-}
-
 fn docker(args: &[&str]) -> Output {
     Command::new("docker")
         .args(args)

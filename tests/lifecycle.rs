@@ -6,13 +6,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use nix::sys::signal::Signal;
-use serde_json::{Value, json};
-
-const DOUBLE: &str = "{id, doubled: (.n * 2)}";
-
-fn doubled(v: &Value) -> Vec<Value> {
-    vec![json!({"id": v["id"], "doubled": v["n"].as_i64().unwrap() * 2})]
-}
 
 #[test]
 fn sigterm_mid_stream_exits_zero_within_grace_and_restart_resumes() {

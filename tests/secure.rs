@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 #[derive(Debug, Deserialize)]
 struct Pair {
@@ -146,12 +146,6 @@ fn args(
         .map(String::from),
     );
     args
-}
-
-const DOUBLE: &str = "{id, doubled: (.n * 2)}";
-
-fn doubled(v: &Value) -> Vec<Value> {
-    vec![json!({"id": v["id"], "doubled": v["n"].as_i64().unwrap() * 2})]
 }
 
 /// Every password and private key of the test broker: none may appear in what a run writes.

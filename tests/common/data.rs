@@ -134,6 +134,15 @@ pub fn produce(topic: &str, records: &[In]) {
     Writer::new().write(topic, records);
 }
 
+/// The jq program most tests run over [`numbered`] inputs, and what it makes of one.
+pub const DOUBLE: &str = "{id, doubled: (.n * 2)}";
+
+/// [`DOUBLE`]'s outputs for the input value `v`.
+pub fn doubled(v: &serde_json::Value) -> Vec<serde_json::Value> {
+    let n = v["n"].as_i64().expect("a numbered input");
+    vec![serde_json::json!({"id": v["id"], "doubled": n * 2})]
+}
+
 /// JSON inputs `{"id": i, "n": i}` keyed `k<i>`, spread round-robin over `partitions`.
 pub fn numbered(count: usize, partitions: i32) -> Vec<In> {
     (0..count)
