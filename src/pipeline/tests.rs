@@ -28,8 +28,8 @@ impl Core {
     }
 }
 
-#[test]
-fn a_failed_call_commits_only_what_earlier_answers_applied() {
+/// The call-out over in/0's records 0 to 3, read and sent in two calls of two.
+fn two_calls_out() -> (Answers, Core) {
     let app = Answers::default();
     let mut core = Core::staged(every(1000), calls_of(2), &app);
     core.broker().fill(("in", 0), 0, 4, &[]);
@@ -37,6 +37,12 @@ fn a_failed_call_commits_only_what_earlier_answers_applied() {
     for _ in 0..4 {
         core.turn();
     }
+    (app, core)
+}
+
+#[test]
+fn a_failed_call_commits_only_what_earlier_answers_applied() {
+    let (app, mut core) = two_calls_out();
     assert_eq!(app.calls(), 2);
     app.answer(0, true);
     core.turn(); // records 0 and 1 into the open unit
@@ -238,13 +244,7 @@ fn a_refused_record_goes_to_the_dead_letter_topic_on_its_replay_and_the_rest_onc
 
 #[test]
 fn shutdown_commits_what_was_answered_within_the_grace() {
-    let app = Answers::default();
-    let mut core = Core::staged(every(1000), calls_of(2), &app);
-    core.broker().fill(("in", 0), 0, 4, &[]);
-    core.assign(("in", 0), 0);
-    for _ in 0..4 {
-        core.turn();
-    }
+    let (app, mut core) = two_calls_out();
     app.answer(0, true); // the second call is never answered
     core.shutdown.cancel();
     let grace = Duration::from_secs(2);
