@@ -506,7 +506,6 @@ impl Core {
             writer,
             intake,
             commit,
-            call_timeout: Duration::from_secs(5),
             metrics,
             health,
             shutdown: shutdown.clone(),

@@ -102,7 +102,6 @@ pub fn run(
         writer,
         intake,
         commit: config.commit,
-        call_timeout: config.sink.transaction_timeout,
         metrics: metrics.clone(),
         health: health.clone(),
         shutdown: shutdown.clone(),

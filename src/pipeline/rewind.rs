@@ -53,7 +53,15 @@ impl Rewind {
                     .insert(partition, offset);
             }
         }
-        self.last = Some((topic.to_string(), partition));
+        match &mut self.last {
+            // The name's buffer is reused: records of several partitions interleave.
+            Some((t, p)) => {
+                t.clear();
+                t.push_str(topic);
+                *p = partition;
+            }
+            None => self.last = Some((topic.to_string(), partition)),
+        }
     }
 
     /// `partitions` are no longer owned: a later assignment starts afresh.
@@ -107,9 +115,12 @@ impl Rewind {
         let Some(committed) = committed(group, driver, &read, timeout, health, shutdown)? else {
             return Ok(false);
         };
-        let targets: Vec<(Tp, i64)> = committed
+        // Each partition read: the sink's answer for it, if it gave one.
+        let committed: HashMap<Tp, Option<i64>> = committed.into_iter().collect();
+        let targets: Vec<(Tp, i64)> = read
             .into_iter()
-            .filter_map(|(tp, c)| {
+            .filter_map(|tp| {
+                let c = committed.get(&tp).copied().flatten();
                 let to = c
                     .or_else(|| driver.last_committed(&tp))
                     .or_else(|| self.first_read(&tp))?;

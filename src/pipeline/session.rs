@@ -52,8 +52,6 @@ pub struct Session {
     /// Partition changes the transform has not heard of yet, and what it was told it owns.
     changes: Vec<Change>,
     owned: BTreeSet<Tp>,
-    /// Bound of the rewind's reads and seeks.
-    call_timeout: Duration,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     shutdown: CancellationToken,
@@ -67,8 +65,6 @@ pub struct Parts {
     pub intake: Intake,
     /// When the open unit commits.
     pub commit: CommitPolicy,
-    /// Bound of the rewind's reads and seeks.
-    pub call_timeout: Duration,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Heartbeat and readiness.
@@ -87,7 +83,6 @@ impl Session {
             commit: parts.commit,
             changes: Vec::new(),
             owned: BTreeSet::new(),
-            call_timeout: parts.call_timeout,
             metrics: parts.metrics,
             health: parts.health,
             shutdown: parts.shutdown,
@@ -163,6 +158,7 @@ impl Session {
         }
         self.intake.revoke(&partitions);
         self.rewind.forget(&partitions);
+        self.writer.driver.forget(&partitions);
         self.changes.push(Change::Revoked(partitions));
     }
 
@@ -179,8 +175,7 @@ impl Session {
         self.hand_over_changes();
         self.intake.clear();
         self.rewind.clear();
-        // The new consumer starts from the committed offsets.
-        self.writer.driver.rewound();
+        self.writer.driver.new_consumer();
         let owned: Vec<Tp> = std::mem::take(&mut self.owned).into_iter().collect();
         if !owned.is_empty() {
             self.intake.hear(&Change::Revoked(owned));
@@ -272,13 +267,10 @@ impl Session {
     fn rewind_now(&mut self, group: &dyn Group) -> Result<(), Interrupt> {
         self.intake.clear();
         let driver = &self.writer.driver;
-        let done = self.rewind.perform(
-            group,
-            driver,
-            self.call_timeout,
-            &self.health,
-            &self.shutdown,
-        )?;
+        let timeout = driver.call_timeout();
+        let done = self
+            .rewind
+            .perform(group, driver, timeout, &self.health, &self.shutdown)?;
         if !done {
             // Shutdown began: nothing is open, the loop ends next.
             return Ok(());
@@ -361,10 +353,10 @@ impl Session {
         }
         .emit();
         self.writer.not_ready();
-        if let Outcome::Committed { records } = self.writer.driver.commit(group, &self.intake)? {
+        let driver = &mut self.writer.driver;
+        if let Outcome::Committed { records } = driver.commit_then_rewind(group, &self.intake)? {
             events::committed(records, Occasion::Bound);
         }
-        self.writer.driver.owe_rewind();
         Ok(())
     }
 }

@@ -109,6 +109,24 @@ fn without_committed_offsets_to_read_a_rewind_goes_back_to_what_was_committed_la
 }
 
 #[test]
+fn what_was_committed_before_a_partition_was_revoked_is_no_rewind_target_after() {
+    let mut core = Core::direct(every(2));
+    core.broker().fill(("in", 0), 0, 6, &[]);
+    core.broker().hide_committed = true;
+    core.assign(("in", 0), 0);
+    core.turn();
+    core.turn(); // committed at 2
+    core.revoke(("in", 0));
+    // Another member committed up to 4 meanwhile; the partition comes back there.
+    core.broker().committed.insert(tp(0), 4);
+    core.assign(("in", 0), 4);
+    core.broker().fail_commits = 1;
+    core.turn();
+    core.turn(); // records 4 and 5; the commit fails
+    assert_eq!(core.group.seeks.borrow().last(), Some(&vec![(tp(0), 4)]));
+}
+
+#[test]
 fn a_record_read_while_a_rewind_is_owed_comes_again() {
     let mut core = Core::direct(every(100));
     core.broker().fill(("in", 0), 0, 3, &[]);

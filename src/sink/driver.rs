@@ -72,13 +72,17 @@ impl Driver {
         matches!(self.state, State::RewindOwed)
     }
 
-    /// The loop dropped records it had read (a failed call's): they must come again. Any open
-    /// unit must have been committed first.
-    pub fn owe_rewind(&mut self) {
-        debug_assert!(self.unit().is_none(), "a rewind owed with a unit open");
-        if !matches!(self.state, State::Open(_)) {
-            self.state = State::RewindOwed;
-        }
+    /// The loop drops records it has read but not applied (a failed call's): what is open
+    /// commits first (below those records), then they come again after a rewind, which is
+    /// owed whatever the commit did.
+    pub fn commit_then_rewind(
+        &mut self,
+        group: &dyn Group,
+        unapplied: &dyn Unapplied,
+    ) -> Result<Outcome, Error> {
+        let outcome = self.commit(group, unapplied)?;
+        self.state = State::RewindOwed;
+        Ok(outcome)
     }
 
     /// The consumer is back at the committed offsets (a rewind, or a new consumer).
@@ -98,9 +102,29 @@ impl Driver {
         self.sink.committed(group, partitions, timeout)
     }
 
-    /// What this driver's last successful commit that held `tp` sent for it.
+    /// What this driver's last successful commit that held `tp` sent for it, since `tp` was
+    /// assigned.
     pub fn last_committed(&self, tp: &Tp) -> Option<i64> {
         self.offsets.last(tp)
+    }
+
+    /// `partitions` were revoked: what was committed for them is the group's business now.
+    pub fn forget(&mut self, partitions: &[Tp]) {
+        self.offsets.forget(partitions);
+    }
+
+    /// The consumer is replaced: the new one starts from the committed offsets, owning
+    /// nothing yet, and nothing is owed.
+    pub fn new_consumer(&mut self) {
+        self.offsets.forget_all();
+        if self.rewind_owed() {
+            self.state = State::Idle;
+        }
+    }
+
+    /// The bound of the next blocking call.
+    pub fn call_timeout(&self) -> Duration {
+        self.bounds.timeout()
     }
 
     /// An error raised where it could not be returned (in a rebalance callback).

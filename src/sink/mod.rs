@@ -282,6 +282,10 @@ impl<X: ConsumerContext> Group for BaseConsumer<X> {
 
     fn committed(&self, partitions: &[Tp], timeout: Duration) -> KafkaResult<Committed> {
         let tpl = self.committed_offsets(kafka::partition_list(partitions), timeout)?;
+        // A partition the broker could not answer for is no partition without an offset.
+        for e in tpl.elements() {
+            e.error()?;
+        }
         Ok(kafka::offsets_of(&tpl))
     }
 

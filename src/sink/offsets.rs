@@ -26,15 +26,6 @@ pub trait Unapplied {
     fn firsts(&self) -> Vec<(Tp, i64)>;
 }
 
-/// Nothing is ever unapplied: every record is applied as it is read.
-pub struct Nothing;
-
-impl Unapplied for Nothing {
-    fn firsts(&self) -> Vec<(Tp, i64)> {
-        Vec::new()
-    }
-}
-
 /// What the last commits sent, per partition.
 pub struct CommitOffsets {
     last: HashMap<Tp, i64>,
@@ -98,9 +89,22 @@ impl CommitOffsets {
             .any(|(tp, pos)| self.moved(&tp, pos))
     }
 
-    /// What the last commit that held `tp` sent for it.
+    /// What the last commit that held `tp` sent for it, since it was assigned.
     pub fn last(&self, tp: &Tp) -> Option<i64> {
         self.last.get(tp).copied()
+    }
+
+    /// `partitions` are no longer owned: what this instance committed for them may be
+    /// outdated by the time they come back.
+    pub fn forget(&mut self, partitions: &[Tp]) {
+        for tp in partitions {
+            self.last.remove(tp);
+        }
+    }
+
+    /// A new consumer: nothing is owned yet.
+    pub fn forget_all(&mut self) {
+        self.last.clear();
     }
 
     /// The position `pos` of `tp` is past what was last committed for it (or nothing was).
@@ -129,6 +133,15 @@ mod tests {
 
     fn tp(p: i32) -> Tp {
         ("in".to_string(), p)
+    }
+
+    /// Every record applied as it is read.
+    struct Nothing;
+
+    impl Unapplied for Nothing {
+        fn firsts(&self) -> Vec<(Tp, i64)> {
+            Vec::new()
+        }
     }
 
     struct Staged(Vec<(Tp, i64)>);
