@@ -272,10 +272,12 @@ fn table(file: &str, heading: &str) -> Vec<Vec<String>> {
         .take_while(|l| l.starts_with('|'))
         .skip(2)
         .map(|l| {
+            // A `\|` inside a cell is a bar of its text, as Markdown has it.
             let cells = l.trim().trim_start_matches('|').trim_end_matches('|');
             cells
+                .replace("\\|", "\u{0}")
                 .split('|')
-                .map(|c| c.trim().to_string())
+                .map(|c| c.trim().replace('\u{0}', "|"))
                 .collect::<Vec<_>>()
         })
         .collect();

@@ -155,19 +155,8 @@ fn import_from_redis_then_run_starts_exactly_there() {
     assert_starts_at(&run_to_end(&topics, &group), &[(0, 10), (1, 57), (2, 100)]);
 
     // Export to the topic-only layout, then import it into a new group: the same offsets.
-    let b = bootstrap();
-    let mut args = vec!["export"];
-    args.extend(group_args(&topics, &group, &b));
     let url = redis_url();
-    args.extend([
-        "--to",
-        &url,
-        "--password-env",
-        PASSWORD_VAR,
-        "--redis-key",
-        "{topic}",
-    ]);
-    let out = offsets(&args);
+    let out = export_to_redis(&topics, &group, &["--redis-key", "{topic}"]);
     assert!(out.status.success(), "{}", said(&out));
     let back: BTreeMap<String, String> = redis::cmd("HGETALL")
         .arg(&topics.input)
@@ -184,6 +173,69 @@ fn import_from_redis_then_run_starts_exactly_there() {
         committed(&again, &topics.input),
         committed(&group, &topics.input)
     );
+}
+
+/// `exactly offsets export` of `group` to Redis, with `layout`.
+fn export_to_redis(topics: &Topics, group: &str, layout: &[&str]) -> Output {
+    let b = bootstrap();
+    let mut args = vec!["export"];
+    args.extend(group_args(topics, group, &b));
+    let url = redis_url();
+    args.extend(["--to", &url, "--password-env", PASSWORD_VAR]);
+    args.extend(layout);
+    offsets(&args)
+}
+
+#[test]
+fn a_hash_shared_by_groups_moves_field_by_field_and_other_groups_stay() {
+    let topics = topics("off-rshared");
+    let group = unique("off-rshared-g");
+    // A seed job's layout: jedis.hset(topic, groupId + "|" + partition, untilOffset).
+    let field = |p: i32| format!("{group}|{p}");
+    redis::cmd("HSET")
+        .arg(&topics.input)
+        .arg(field(0))
+        .arg(10)
+        .arg(field(1))
+        .arg(57)
+        .arg(field(2))
+        .arg(100)
+        .arg("other|0")
+        .arg(5)
+        .query::<()>(&mut redis_con())
+        .unwrap();
+    let url = redis_url();
+    // The partition-per-field layout refuses it, and says which layout it may be.
+    let out = import(&topics, &group, &url, &["--redis-key", "{topic}"]);
+    assert!(!out.status.success(), "{}", said(&out));
+    assert!(
+        said(&out).contains("--redis-field '{group}|{partition}'"),
+        "{}",
+        said(&out)
+    );
+    let layout = [
+        "--redis-key",
+        "{topic}",
+        "--redis-field",
+        "{group}|{partition}",
+    ];
+    let out = import(&topics, &group, &url, &layout);
+    assert!(out.status.success(), "{}", said(&out));
+    assert_eq!(
+        committed(&group, &topics.input),
+        BTreeMap::from([(0, 10), (1, 57), (2, 100)])
+    );
+    assert_starts_at(&run_to_end(&topics, &group), &[(0, 10), (1, 57), (2, 100)]);
+    // Export: this group's fields move to where exactly got; the other group's stays.
+    let out = export_to_redis(&topics, &group, &layout);
+    assert!(out.status.success(), "{}", said(&out));
+    let back: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg(&topics.input)
+        .query(&mut redis_con())
+        .unwrap();
+    let mut want: BTreeMap<String, String> = (0..3).map(|p| (field(p), "100".into())).collect();
+    want.insert("other|0".into(), "5".into());
+    assert_eq!(back, want);
 }
 
 #[test]
@@ -250,9 +302,21 @@ fn import_from_files_and_export_back() {
         format!("topic,partition,offset\n{t},0,20\n{t},1,40\n{t},2,60\n"),
     )
     .unwrap();
+    // A batch still being written, and one kept aside: neither is the newest batch.
+    std::fs::write(dir.join("batches/0003.csv.tmp"), format!("{t},0,")).unwrap();
+    std::fs::write(dir.join("batches/.0004.csv.crc"), "crc").unwrap();
     let url = format!("file://{}", dir.join("batches").display());
+    // --file names another; the plan says which file it read.
+    let out = import(&topics, &group, &url, &["--file", "0001.csv", "--dry-run"]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(said(&out).contains("batches/0001.csv"), "{}", said(&out));
     let out = import(&topics, &group, &url, &[]);
     assert!(out.status.success(), "{}", said(&out));
+    assert!(
+        said(&out).contains("from file ") && said(&out).contains("batches/0002.csv"),
+        "{}",
+        said(&out)
+    );
     assert_starts_at(&run_to_end(&topics, &group), &[(0, 20), (1, 40), (2, 60)]);
 
     let json = dir.join("out.json");

@@ -77,6 +77,12 @@ pub struct StoreArgs {
     #[arg(long, value_name = "PATTERN", default_value = "offset:{topic}:{group}")]
     pub redis_key: String,
 
+    /// Redis hash field per partition; `{partition}` and `{group}` are filled in
+    /// (`{group}|{partition}`: a hash named by the topic alone, shared by several groups,
+    /// whose other groups' fields are left as they are).
+    #[arg(long, value_name = "PATTERN", default_value = "{partition}")]
+    pub redis_field: String,
+
     /// MySQL table of offsets.
     #[arg(long, value_name = "NAME", default_value = "kafka_offset")]
     pub mysql_table: String,
@@ -101,6 +107,11 @@ pub struct StoreArgs {
     /// empty when the table has none.
     #[arg(long, value_name = "NAME", default_value = "fromOffset")]
     pub mysql_from_column: String,
+
+    /// With a directory of offsets files (`file://DIR`), the file of it to read (import:
+    /// instead of the newest batch) or to write (export).
+    #[arg(long, value_name = "NAME")]
+    pub file: Option<String>,
 
     /// Environment variable that holds the store's password.
     #[arg(long, value_name = "VAR", conflicts_with = "password_file")]
@@ -218,6 +229,8 @@ impl StoreArgs {
             kafka: target.kafka.clone(),
             timeout: target.timeout,
             redis_key: self.redis_key.clone(),
+            redis_field: self.redis_field.clone(),
+            file: self.file.clone(),
             mysql: Layout {
                 table: self.mysql_table.clone(),
                 group: self.mysql_group_column.clone(),
@@ -264,6 +277,10 @@ pub struct StoreOptions {
     pub timeout: Duration,
     /// Redis hash key, with `{topic}` and `{group}` filled in.
     pub redis_key: String,
+    /// Redis hash field, with `{partition}` and `{group}` filled in.
+    pub redis_field: String,
+    /// In a directory of offsets files, the one to read.
+    pub file: Option<String>,
     /// The MySQL table and its columns.
     pub mysql: Layout,
     /// The store's password (from an environment variable or a file, never the command line).
@@ -277,6 +294,8 @@ impl StoreOptions {
             kafka: kafka.clone(),
             timeout,
             redis_key: String::new(),
+            redis_field: String::new(),
+            file: None,
             mysql: Layout::default(),
             password: None,
         }

@@ -2,10 +2,11 @@
 //!
 //! JSON (`[{"topic": "t", "partition": 0, "offset": 42}, …]`) or CSV (`topic,partition,offset`
 //! lines, an optional header line), by the file's extension (`.csv`; anything else is JSON).
-//! When PATH is a directory, its last file is read: the recipes write one file per batch,
-//! named by batch number (`9` before `10`: numbers compare as numbers), and markers such as
-//! `_SUCCESS` or hidden files are not batches. A file holds one job's offsets, so the group
-//! is not part of it.
+//! When PATH is a directory, its last file is read (`--file` names another): the recipes write
+//! one file per batch, named by batch number, and names compare as text with their numbers as
+//! numbers (`batch-9` before `batch-10`). Markers such as `_SUCCESS`, hidden files and files
+//! still being written (`.tmp`, `.part`, `~` and the like) are not batches; the plan says which
+//! file was read. A file holds one job's offsets, so the group is not part of it.
 
 use std::path::{Path, PathBuf};
 
@@ -17,6 +18,8 @@ use crate::error::Error;
 /// A file of offsets, or a directory of them.
 pub struct FileStore {
     path: PathBuf,
+    /// In a directory, the file to read instead of the last.
+    file: Option<String>,
 }
 
 #[derive(Deserialize, Serialize)]
@@ -28,48 +31,106 @@ struct Entry {
 }
 
 impl FileStore {
-    /// The store at a `file://` URL.
-    pub fn new(url: &str) -> Result<FileStore, Error> {
+    /// The store at a `file://` URL; `file`: in a directory, the file to read.
+    pub fn new(url: &str, file: Option<&str>) -> Result<FileStore, Error> {
         let path = url.strip_prefix("file://").unwrap_or(url);
         if path.is_empty() {
             return Err(Error::Config(format!("'{url}': no path after file://")));
         }
-        Ok(FileStore { path: path.into() })
+        if let Some(f) = file
+            && (f.is_empty() || f.contains('/'))
+        {
+            return Err(Error::Config(format!(
+                "--file: '{f}' must name a file of the directory"
+            )));
+        }
+        Ok(FileStore {
+            path: path.into(),
+            file: file.map(str::to_string),
+        })
     }
 
-    /// The file to read: PATH, or the last file by name in the directory PATH.
+    /// The file to read: PATH, or `--file` in the directory PATH, or its last batch file.
     fn source(&self) -> Result<PathBuf, Error> {
         if !self.path.is_dir() {
+            if self.file.is_some() {
+                return Err(Error::Config(format!(
+                    "--file: {} is no directory",
+                    self.path.display()
+                )));
+            }
             return Ok(self.path.clone());
+        }
+        if let Some(f) = &self.file {
+            return Ok(self.path.join(f));
         }
         let mut files: Vec<PathBuf> = std::fs::read_dir(&self.path)
             .map_err(|e| unreadable(&self.path, e))?
             .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.is_file())
-            .filter(|p| {
-                let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
-                !name.is_some_and(|n| n.starts_with('_') || n.starts_with('.'))
-            })
+            .filter(|p| p.is_file() && is_batch(p))
             .collect();
-        files.sort_by_key(|p| batch_order(p));
+        files.sort_by_cached_key(|p| natural(&name_of(p)));
         files.pop().ok_or_else(|| {
             Error::Config(format!(
-                "{}: the directory has no file",
+                "{}: the directory has no offsets file",
                 self.path.display()
             ))
         })
     }
 }
 
-/// Sorting key of a batch file: the digits its name starts with as a number (`9` before
-/// `10`), then the name.
-fn batch_order(path: &Path) -> (u128, String) {
-    let name = path
-        .file_name()
+fn name_of(path: &Path) -> String {
+    path.file_name()
         .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let digits: String = name.chars().take_while(char::is_ascii_digit).collect();
-    (digits.parse().unwrap_or(0), name)
+        .unwrap_or_default()
+}
+
+/// Whether a file of a directory is a batch: not a marker (`_SUCCESS`), not hidden, not one
+/// still being written or kept aside.
+fn is_batch(path: &Path) -> bool {
+    let name = name_of(path).to_ascii_lowercase();
+    const ASIDE: [&str; 9] = [
+        ".tmp",
+        ".temp",
+        ".part",
+        ".partial",
+        ".inprogress",
+        ".swp",
+        ".bak",
+        ".crc",
+        "~",
+    ];
+    !(name.starts_with('_')
+        || name.starts_with('.')
+        || ASIDE.iter().any(|s| name.ends_with(s))
+        || name.contains(".tmp"))
+}
+
+/// A piece of a name, for natural order: text compares as text, a number as a number.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Piece {
+    Number(u128, usize),
+    Text(String),
+}
+
+/// `name` in natural order: `batch-9` before `batch-10`, `9.csv` before `10.csv`.
+fn natural(name: &str) -> Vec<Piece> {
+    let mut pieces = Vec::new();
+    let mut rest = name;
+    while let Some(c) = rest.chars().next() {
+        let digit = c.is_ascii_digit();
+        let end = rest
+            .find(|c: char| c.is_ascii_digit() != digit)
+            .unwrap_or(rest.len());
+        let (piece, tail) = rest.split_at(end);
+        pieces.push(match piece.parse() {
+            // More leading zeros after: `09` after `9`.
+            Ok(n) if digit => Piece::Number(n, piece.len()),
+            _ => Piece::Text(piece.to_string()),
+        });
+        rest = tail;
+    }
+    pieces
 }
 
 fn unreadable(path: &Path, e: std::io::Error) -> Error {
@@ -115,6 +176,11 @@ fn parse(path: &Path, text: &str) -> Result<Vec<Entry>, Error> {
 }
 
 impl OffsetStore for FileStore {
+    fn describe(&self) -> Option<String> {
+        let path = self.source().ok()?;
+        Some(format!("file {}", path.display()))
+    }
+
     fn read(&self, _group: &str, partitions: &[(String, i32)]) -> Result<Offsets, Error> {
         let path = self.source()?;
         let text = std::fs::read_to_string(&path).map_err(|e| unreadable(&path, e))?;
@@ -134,10 +200,14 @@ impl OffsetStore for FileStore {
     }
 
     fn write(&self, _group: &str, offsets: &Offsets) -> Result<(), Error> {
-        if self.path.is_dir() {
+        let path = match &self.file {
+            Some(f) if self.path.is_dir() => self.path.join(f),
+            _ => self.path.clone(),
+        };
+        if path.is_dir() {
             return Err(Error::Config(format!(
-                "{}: a directory; give the file to write",
-                self.path.display()
+                "{}: a directory; give the file to write (or --file)",
+                path.display()
             )));
         }
         let entries: Vec<Entry> = offsets
@@ -148,7 +218,7 @@ impl OffsetStore for FileStore {
                 offset: *offset,
             })
             .collect();
-        let text = if is_csv(&self.path) {
+        let text = if is_csv(&path) {
             let mut s = String::from("topic,partition,offset\n");
             for e in &entries {
                 s.push_str(&format!("{},{},{}\n", e.topic, e.partition, e.offset));
@@ -158,9 +228,9 @@ impl OffsetStore for FileStore {
             serde_json::to_string_pretty(&entries).unwrap_or_default() + "\n"
         };
         // Written beside it, then renamed: a crash leaves the old file or the new, whole.
-        let tmp = self.path.with_extension("tmp-exactly");
+        let tmp = path.with_extension("tmp-exactly");
         std::fs::write(&tmp, text).map_err(|e| unreadable(&tmp, e))?;
-        std::fs::rename(&tmp, &self.path).map_err(|e| unreadable(&self.path, e))
+        std::fs::rename(&tmp, &path).map_err(|e| unreadable(&path, e))
     }
 }
 
@@ -180,7 +250,7 @@ mod tests {
         let all = [tp("a", 0), tp("a", 1), tp("b", 0)];
         for name in ["o.json", "o.csv"] {
             let url = format!("file://{}", dir.join(name).display());
-            let store = FileStore::new(&url).unwrap();
+            let store = FileStore::new(&url, None).unwrap();
             store.write("g", &offsets).unwrap();
             assert_eq!(store.read("g", &all).unwrap(), offsets, "{name}");
             // Only the partitions asked for.
@@ -188,12 +258,61 @@ mod tests {
         }
         let batches = dir.join("batches");
         std::fs::create_dir_all(&batches).unwrap();
-        std::fs::write(batches.join("9.csv"), "a,0,1\n").unwrap();
-        std::fs::write(batches.join("10.csv"), "a,0,2\n").unwrap();
-        std::fs::write(batches.join("_SUCCESS"), "").unwrap();
-        let store = FileStore::new(&format!("file://{}", batches.display())).unwrap();
+        for (name, text) in [
+            ("batch-9.csv", "a,0,1\n"),
+            ("batch-10.csv", "a,0,2\n"),
+            ("batch-11.csv.tmp", "a,0,3\n"),
+            ("batch-12.csv.part", "a,0,4\n"),
+            (".batch-13.csv", "a,0,5\n"),
+            ("_SUCCESS", ""),
+        ] {
+            std::fs::write(batches.join(name), text).unwrap();
+        }
+        let url = format!("file://{}", batches.display());
+        let store = FileStore::new(&url, None).unwrap();
         assert_eq!(store.read("g", &all).unwrap(), [(tp("a", 0), 2)].into());
+        let chosen = store.describe().unwrap();
+        assert!(chosen.ends_with("batch-10.csv"), "{chosen}");
+        let store = FileStore::new(&url, Some("batch-9.csv")).unwrap();
+        assert_eq!(store.read("g", &all).unwrap(), [(tp("a", 0), 1)].into());
+        assert!(FileStore::new(&url, Some("../x")).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn names_sort_with_their_numbers_as_numbers() {
+        let mut names = [
+            "batch-10",
+            "batch-9",
+            "batch-100",
+            "9",
+            "10",
+            "b-2-10",
+            "b-2-9",
+        ];
+        names.sort_by_key(|n| natural(n));
+        assert_eq!(
+            names,
+            [
+                "9",
+                "10",
+                "b-2-9",
+                "b-2-10",
+                "batch-9",
+                "batch-10",
+                "batch-100"
+            ]
+        );
+        for (name, batch) in [
+            ("11.csv.tmp", false),
+            ("x.json~", false),
+            ("11.csv", true),
+            ("7", true),
+            ("_SUCCESS", false),
+            (".11.csv.crc", false),
+        ] {
+            assert_eq!(is_batch(Path::new(name)), batch, "{name}");
+        }
     }
 
     #[test]

@@ -153,8 +153,8 @@ pub fn import(
         if !found.keys().any(|(t, _)| t == topic) {
             return Err(Error::Config(format!(
                 "the store has no offset of topic '{topic}' for group {}: check the group, \
-                 --redis-key or the --mysql-* names (--missing is for partitions missing beside \
-                 others)",
+                 --redis-key, --redis-field or the --mysql-* names (--missing is for partitions \
+                 missing beside others)",
                 target.group
             )));
         }
@@ -170,6 +170,9 @@ pub fn import(
         r.note = note;
     }
     let mut out = format!("group {}\n", target.group);
+    if let Some(from) = store.describe() {
+        let _ = writeln!(out, "from {from}");
+    }
     table(&mut out, &rows, true);
     let active = members(target)?;
     let in_use = format!(

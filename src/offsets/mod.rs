@@ -33,6 +33,12 @@ pub trait OffsetStore {
 
     /// Keeps `offsets` for `group`, replacing what the store held for those partitions.
     fn write(&self, group: &str, offsets: &Offsets) -> Result<(), Error>;
+
+    /// Where exactly the offsets are read from, when the URL alone does not say (the file a
+    /// directory's offsets are in), for the plan.
+    fn describe(&self) -> Option<String> {
+        None
+    }
 }
 
 /// `exactly offsets`: 0 done, 2 bad options or a validation error, 3 could not complete.
@@ -74,7 +80,7 @@ pub fn open(url: &str, options: &StoreOptions) -> Result<Box<dyn OffsetStore>, E
         )),
         Some("redis") => Box::new(redis::RedisStore::new(url, options)?),
         Some("mysql") => Box::new(mysql::MysqlStore::new(url, options)?),
-        Some("file") => Box::new(file::FileStore::new(url)?),
+        Some("file") => Box::new(file::FileStore::new(url, options.file.as_deref())?),
         _ => {
             return Err(Error::Config(format!(
                 "'{}' is not an offset store this build knows \

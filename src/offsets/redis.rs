@@ -1,7 +1,9 @@
-//! Offsets in Redis (`redis://host:port/db`), as the Spark Streaming recipes keep them: one hash
-//! per topic and group, `--redis-key` (`offset:{topic}:{group}` by default; `{topic}` alone is
-//! the other common layout), whose fields are partition ids and values the next offset to read
-//! (`HSET` / `HGETALL`). A password comes from `--password-env` or `--password-file` (AUTH).
+//! Offsets in Redis (`redis://host:port/db`), as the Spark Streaming recipes keep them: a hash
+//! per topic (`--redis-key`, `offset:{topic}:{group}` by default, or `{topic}` alone), a field
+//! per partition (`--redis-field`, the partition id by default, or `{group}|{partition}` in a
+//! hash several groups share), the next offset to read as the value (`HSET` / `HGETALL`). Only
+//! this group's fields are read and written: another group's are left as they are. A password
+//! comes from `--password-env` or `--password-file` (AUTH).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -14,7 +16,77 @@ pub struct RedisStore {
     client: redis::Client,
     url: String,
     key: String,
+    field: Field,
     timeout: Duration,
+}
+
+/// A field pattern: the text before and after `{partition}`, `{group}` not yet filled in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Field {
+    before: String,
+    after: String,
+}
+
+impl Field {
+    fn parse(pattern: &str) -> Result<Field, Error> {
+        let Some((before, after)) = pattern.split_once("{partition}") else {
+            return Err(Error::Config(format!(
+                "--redis-field: '{pattern}' has no {{partition}}"
+            )));
+        };
+        if after.contains("{partition}") {
+            return Err(Error::Config(format!(
+                "--redis-field: '{pattern}' has {{partition}} twice"
+            )));
+        }
+        Ok(Field {
+            before: before.to_string(),
+            after: after.to_string(),
+        })
+    }
+
+    fn has_group(&self) -> bool {
+        self.before.contains("{group}") || self.after.contains("{group}")
+    }
+
+    /// The field of `partition` for `group`.
+    fn of(&self, group: &str, partition: i32) -> String {
+        let fill = |s: &str| s.replace("{group}", group);
+        format!("{}{partition}{}", fill(&self.before), fill(&self.after))
+    }
+
+    /// Which partition `field` is `group`'s field of: `Ok(None)` for a field of another group
+    /// (it is not ours to read), an error for one that should be ours and is not.
+    fn partition(&self, group: &str, field: &str, store: &str) -> Result<Option<i32>, Error> {
+        let (before, after) = (
+            self.before.replace("{group}", group),
+            self.after.replace("{group}", group),
+        );
+        let middle = field
+            .strip_prefix(before.as_str())
+            .and_then(|f| f.strip_suffix(after.as_str()));
+        let Some(middle) = middle else {
+            if self.has_group() {
+                return Ok(None);
+            }
+            return Err(Error::Config(format!(
+                "{store}: the field '{field}' is not of --redis-field's layout"
+            )));
+        };
+        // "00" is not partition 0: two fields for one partition would be a guess.
+        let partition = middle
+            .parse()
+            .ok()
+            .filter(|p: &i32| p.to_string() == middle);
+        match partition {
+            Some(p) => Ok(Some(p)),
+            None if !self.has_group() && middle.contains('|') => Err(Error::Config(format!(
+                "{store}: the field '{field}' is no partition id: a hash shared by groups? \
+                 --redis-field '{{group}}|{{partition}}'"
+            ))),
+            None => Err(bad_value(store, "a field's partition", middle)),
+        }
+    }
 }
 
 impl RedisStore {
@@ -37,10 +109,12 @@ impl RedisStore {
             info = info.set_redis_settings(settings);
         }
         let client = redis::Client::open(info).map_err(bad)?;
+        let field = Field::parse(&options.redis_field)?;
         Ok(RedisStore {
             client,
             url: url.to_string(),
             key: options.redis_key.clone(),
+            field,
             timeout: options.timeout,
         })
     }
@@ -76,12 +150,9 @@ impl OffsetStore for RedisStore {
                 .map_err(|e| Error::Store(format!("{}: HGETALL {key}: {e}", redact(&self.url))))?;
             for (field, value) in hash {
                 let store = format!("redis {key}");
-                // "00" is not partition 0: two fields for one partition would be a guess.
-                let partition: i32 = field
-                    .parse()
-                    .ok()
-                    .filter(|p: &i32| p.to_string() == field)
-                    .ok_or_else(|| bad_value(&store, "a field (partition)", &field))?;
+                let Some(partition) = self.field.partition(group, &field, &store)? else {
+                    continue;
+                };
                 let offset: i64 = value.parse().map_err(|_| {
                     bad_value(&store, &format!("partition {partition}'s offset"), &value)
                 })?;
@@ -108,10 +179,36 @@ impl OffsetStore for RedisStore {
         for (topic, fields) in by_topic {
             let cmd = pipe.cmd("HSET").arg(self.key(topic, group));
             for (p, o) in fields {
-                cmd.arg(p).arg(o);
+                cmd.arg(self.field.of(group, p)).arg(o);
             }
         }
         pipe.query::<()>(&mut con)
             .map_err(|e| Error::Store(format!("{}: HSET: {e}", redact(&self.url))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_of_this_group_are_read_and_others_left() {
+        let shared = Field::parse("{group}|{partition}").unwrap();
+        assert_eq!(shared.of("g", 2), "g|2");
+        let at = |f: &str| shared.partition("g", f, "redis t");
+        assert_eq!(at("g|2").unwrap(), Some(2));
+        assert_eq!(at("other|2").unwrap(), None);
+        assert_eq!(at("gg|2").unwrap(), None);
+        assert!(at("g|02").is_err() && at("g|x").is_err());
+        let plain = Field::parse("{partition}").unwrap();
+        assert_eq!(plain.of("g", 7), "7");
+        assert_eq!(plain.partition("g", "7", "s").unwrap(), Some(7));
+        let e = plain
+            .partition("g", "g|2", "redis t")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--redis-field '{group}|{partition}'"), "{e}");
+        assert!(Field::parse("p").is_err());
+        assert!(Field::parse("{partition}{partition}").is_err());
     }
 }
