@@ -397,9 +397,15 @@ impl Answers {
 
     /// Answers call `i`: each record passes through as its own value; or the call fails.
     pub fn answer(&self, i: usize, ok: bool) {
+        let failed = CallError::Unreachable("down".into());
+        self.answer_or(i, if ok { None } else { Some(failed) });
+    }
+
+    /// Answers call `i` as [`Answers::answer`] does, or fails it with `error`.
+    pub fn answer_or(&self, i: usize, error: Option<CallError>) {
         let calls = self.0.lock().unwrap();
         let (records, tx) = &calls[i];
-        let answers = if ok {
+        let answers = if error.is_none() {
             Ok(records
                 .iter()
                 .map(|r| {
@@ -412,7 +418,7 @@ impl Answers {
                 })
                 .collect())
         } else {
-            Err(CallError::Unreachable("down".into()))
+            Err(error.unwrap_or(CallError::Unreachable("down".into())))
         };
         let _ = tx.send(Called {
             answers,
@@ -427,6 +433,7 @@ pub struct Core {
     pub group: FakeGroup,
     pub broker: Shared,
     pub shutdown: CancellationToken,
+    pub metrics: Arc<Metrics>,
     next: Poll,
 }
 
@@ -506,7 +513,7 @@ impl Core {
             writer,
             intake,
             commit,
-            metrics,
+            metrics: metrics.clone(),
             health,
             shutdown: shutdown.clone(),
         });
@@ -516,6 +523,7 @@ impl Core {
             group: FakeGroup::new(broker.clone()),
             broker,
             shutdown,
+            metrics,
             next,
         }
     }

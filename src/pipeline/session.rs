@@ -291,30 +291,17 @@ impl Session {
             let Intake::Staged(stage) = &mut self.intake else {
                 return Ok(());
             };
+            for gone in stage.abandoned_arrivals() {
+                counted(&gone, &self.metrics);
+            }
             stage.send_due(flush);
             let arrival = stage.arrival(wait);
             self.metrics.calls_in_flight.set(stage.in_flight() as i64);
-            match &arrival {
-                None => {}
-                Some(Arrival::Answered { took, records }) => CallAnswered {
-                    outcome: "ok",
-                    took: *took,
-                    records: *records,
-                }
-                .emit(&self.metrics),
-                Some(Arrival::Failed {
-                    error,
-                    took,
-                    records,
-                }) => {
-                    CallAnswered {
-                        outcome: error.outcome(),
-                        took: *took,
-                        records: *records,
-                    }
-                    .emit(&self.metrics);
-                    return self.call_failed(group, &error.to_string());
-                }
+            if let Some(a) = &arrival {
+                counted(a, &self.metrics);
+            }
+            if let Some(Arrival::Failed { error, .. }) = &arrival {
+                return self.call_failed(group, &error.to_string());
             }
             self.apply_answered()?;
             if arrival.is_none() || self.writer.driver.rewind_owed() {
@@ -359,4 +346,22 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// Counts a call that came back.
+fn counted(arrival: &Arrival, metrics: &Metrics) {
+    let (outcome, took, records) = match arrival {
+        Arrival::Answered { took, records } => ("ok", *took, *records),
+        Arrival::Failed {
+            error,
+            took,
+            records,
+        } => (error.outcome(), *took, *records),
+    };
+    CallAnswered {
+        outcome,
+        took,
+        records,
+    }
+    .emit(metrics);
 }

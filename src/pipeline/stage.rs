@@ -36,6 +36,9 @@ pub struct Stage {
     /// Calls failed in a row, and no call before this instant (back-off).
     failures: u32,
     not_before: Option<Instant>,
+    /// Calls still out when a rewind dropped their records: their answers are not applied,
+    /// but what the application said is counted all the same (with the records they held).
+    abandoned: Vec<(InFlight, usize)>,
 }
 
 struct Flight {
@@ -86,6 +89,7 @@ impl Stage {
             answered: VecDeque::new(),
             failures: 0,
             not_before: None,
+            abandoned: Vec::new(),
         }
     }
 
@@ -254,9 +258,40 @@ impl Stage {
     /// Drops everything (calls out are no longer waited for): the rewind reads it again.
     pub fn clear(&mut self) {
         self.answered.clear();
-        self.flights.clear();
+        for f in self.flights.drain(..).filter(|f| !f.failed) {
+            self.abandoned.push((f.call, f.records.len()));
+        }
         self.open.clear();
         self.open_bytes = 0;
+    }
+
+    /// How the abandoned calls that came back since the last look ended, for the counts. A
+    /// call whose answer never came is let go after twice its timeout.
+    pub fn abandoned_arrivals(&mut self) -> Vec<Arrival> {
+        if self.abandoned.is_empty() {
+            return Vec::new();
+        }
+        let give_up = self.spec.timeout * 2;
+        let mut done = Vec::new();
+        self.abandoned.retain(|(call, records)| {
+            let Some(called) = call.try_take() else {
+                return call.sent.elapsed() < give_up;
+            };
+            let records = *records;
+            done.push(match called.answers {
+                Ok(_) => Arrival::Answered {
+                    took: called.took,
+                    records,
+                },
+                Err(error) => Arrival::Failed {
+                    error,
+                    took: called.took,
+                    records,
+                },
+            });
+            false
+        });
+        done
     }
 
     /// The first offset of each partition's staged records, in the order they were read

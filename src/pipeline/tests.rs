@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::fake::{Answers, Call, Core, always, calls_of, every};
 use crate::kafka::Tp;
+use crate::transform::call::CallError;
 
 fn tp(p: i32) -> Tp {
     ("in".to_string(), p)
@@ -280,4 +281,23 @@ fn shutdown_commits_what_was_answered_within_the_grace() {
     let b = core.broker();
     assert_eq!(b.commits(), [vec![(tp(0), 2)]]);
     assert_eq!(b.lineages("out"), lineages(&[(0, 0), (0, 1)]));
+}
+
+#[test]
+fn a_call_out_when_another_failed_is_counted_when_it_comes_back() {
+    let (app, mut core) = two_calls_out();
+    app.answer(0, false);
+    core.turn(); // the first call failed: the rewind drops both calls' records
+    core.turn();
+    app.answer_or(1, Some(CallError::Status(500, "internal error".into())));
+    core.turn();
+    let text = core.metrics.render();
+    let count = |outcome: &str| {
+        let line = format!("exactly_calls_total{{outcome=\"{outcome}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(line.as_str()))
+            .map(|n| n.to_string())
+    };
+    assert_eq!(count("unreachable").as_deref(), Some("1"), "{text}");
+    assert_eq!(count("http_error").as_deref(), Some("1"), "{text}");
 }

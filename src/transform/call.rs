@@ -13,10 +13,11 @@
 //! "value", "value_encoding"}`. `lineage` is `topic/partition/offset`: the record's identity,
 //! and the idempotency key for any effect the application has outside Kafka (a record comes
 //! again after an abort or a restart). Bytes are binary-safe: `key` is a string with
-//! `key_encoding` `utf8` or `base64` (null without a key); `value` is the value's JSON when it
-//! parses (`value_encoding: "json"`), else its bytes in base64 (`"base64"`), or null for a
-//! tombstone (`"null"`); each header is `{"name", "value", "encoding"}`, the encoding
-//! (`utf8`/`base64`) applying to both name and value.
+//! `key_encoding` `utf8` or `base64` (both null without a key); `value` is the value's JSON when
+//! it parses (`value_encoding: "json"`), else its bytes in base64 (`"base64"`), or null for a
+//! tombstone (`"null"`); each header is `{"name", "value", "encoding"}` (`value` null for a
+//! header without one), the encoding (`utf8`, or `base64` when name or value is not UTF-8)
+//! applying to both name and value.
 //!
 //! # Response
 //! `{"results": [A, …]}`, exactly one `A` per record, in order. `A` is `{"outputs": [O, …]}`
@@ -24,8 +25,9 @@
 //! topic with reason `app_rejected`). `A` may echo `lineage`, which must then match. `O` is the
 //! `--envelope` shape: `value` (any JSON, written as its JSON text; null writes a tombstone) or
 //! `value_base64` (raw bytes); optional `key` (string or null; absent keeps the input's) or
-//! `key_base64`; `topic` (absent or null: `--output-topic`); `headers` (an object of strings or
-//! nulls; absent keeps the input's).
+//! `key_base64`; `topic` (absent or null: `--output-topic`); `headers` (absent keeps the
+//! input's: an object of UTF-8 strings or nulls, or the request's list of `{"name", "value",
+//! "encoding"}`, for binary values). `docs/call.schema.json` is the JSON Schema of both.
 //!
 //! Anything else — no connection, a timeout, a status other than 2xx, a body that does not
 //! parse or has the wrong count — means the application is **unavailable**: the loop aborts,
@@ -80,8 +82,11 @@ pub struct Output {
     /// `None`: a tombstone.
     pub value: Option<Vec<u8>>,
     /// `None`: the input's headers.
-    pub headers: Option<Vec<(String, Option<Vec<u8>>)>>,
+    pub headers: Option<Headers>,
 }
+
+/// Headers an answer sets: names, and values (`None`: a header without a value).
+pub type Headers = Vec<(String, Option<Vec<u8>>)>;
 
 /// Why a call gave no usable answer: the application is unavailable.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -470,7 +475,62 @@ struct OutputJson {
     #[serde(default)]
     topic: Option<String>,
     #[serde(default)]
-    headers: Option<BTreeMap<String, Option<String>>>,
+    headers: Option<HeadersJson>,
+}
+
+/// An output's headers: an object of UTF-8 names and values (null: a header without a value),
+/// or the request's list of `{"name", "value", "encoding"}`, whose `encoding` (`utf8`,
+/// `base64`) applies to name and value alike.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum HeadersJson {
+    Object(BTreeMap<String, Option<String>>),
+    List(Vec<HeaderJson>),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HeaderJson {
+    name: String,
+    value: Option<String>,
+    encoding: Encoding,
+}
+
+#[derive(Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Encoding {
+    Utf8,
+    Base64,
+}
+
+impl HeadersJson {
+    fn decode(self) -> Result<Headers, String> {
+        let list = match self {
+            HeadersJson::Object(h) => {
+                return Ok(h
+                    .into_iter()
+                    .map(|(n, v)| (n, v.map(String::into_bytes)))
+                    .collect());
+            }
+            HeadersJson::List(list) => list,
+        };
+        list.into_iter()
+            .map(|h| match h.encoding {
+                Encoding::Utf8 => Ok((h.name, h.value.map(String::into_bytes))),
+                Encoding::Base64 => {
+                    let bytes = |s: &str, what: &str| {
+                        BASE64
+                            .decode(s)
+                            .map_err(|e| format!("a header's {what} is not base64: {e}"))
+                    };
+                    let name = String::from_utf8(bytes(&h.name, "name")?)
+                        .map_err(|_| "a header's name is not UTF-8 once decoded".to_string())?;
+                    let value = h.value.as_deref().map(|v| bytes(v, "value")).transpose()?;
+                    Ok((name, value))
+                }
+            })
+            .collect()
+    }
 }
 
 /// A field that is present, whatever its value (null included).
@@ -512,11 +572,7 @@ impl OutputJson {
             topic: self.topic,
             key,
             value,
-            headers: self.headers.map(|h| {
-                h.into_iter()
-                    .map(|(n, v)| (n, v.map(String::into_bytes)))
-                    .collect()
-            }),
+            headers: self.headers.map(HeadersJson::decode).transpose()?,
         })
     }
 }
@@ -595,9 +651,14 @@ mod tests {
             {"reject": "no such customer", "lineage": "in/0/1"},
             {},
             {"outputs": [{"value_base64": "AP8=", "key_base64": "/w==", "headers": {"a": "b", "n": null}}]},
-            {"outputs": [{"value": "s", "key": "k"}]}
+            {"outputs": [{"value": "s", "key": "k"}]},
+            {"outputs": [{"value": 1, "headers": [
+                {"name": "trace", "value": "t1", "encoding": "utf8"},
+                {"name": "YmluaA==", "value": "/wAB", "encoding": "base64"},
+                {"name": "none", "value": null, "encoding": "utf8"}
+            ]}]}
         ]}"#;
-        let a = decode(body, &lineages(5)).unwrap();
+        let a = decode(body, &lineages(6)).unwrap();
         let out = |topic: Option<&str>, key, value: Option<&[u8]>, headers| Output {
             topic: topic.map(str::to_string),
             key,
@@ -629,6 +690,20 @@ mod tests {
                 Some(Some(b"k".to_vec())),
                 Some(br#""s""#),
                 None
+            )])
+        );
+        // The list form: base64 names and values, binary values allowed.
+        assert_eq!(
+            a[5],
+            Answer::Outputs(vec![out(
+                None,
+                None,
+                Some(b"1"),
+                Some(vec![
+                    ("trace".into(), Some(b"t1".to_vec())),
+                    ("binh".into(), Some(vec![0xff, 0x00, 0x01])),
+                    ("none".into(), None),
+                ]),
             )])
         );
     }
@@ -670,6 +745,16 @@ mod tests {
                 "both outputs and a rejection",
             ),
             (br#"{"results": [{"output": []}]}"#, 1, "unknown field"),
+            (
+                br#"{"results": [{"outputs": [{"value": 1, "headers": [{"name": "%", "value": null, "encoding": "base64"}]}]}]}"#,
+                1,
+                "not base64",
+            ),
+            (
+                br#"{"results": [{"outputs": [{"value": 1, "headers": [{"name": "/w==", "value": null, "encoding": "base64"}]}]}]}"#,
+                1,
+                "not UTF-8",
+            ),
             (br#"{"results": [{"reject": null}]}"#, 1, "not null"),
         ] {
             let e = decode(body, &lineages(n)).unwrap_err();
@@ -720,5 +805,88 @@ mod tests {
         assert!(
             matches!(outputs(&i, Answer::Outputs(vec![big]), &limits()), Err(Failure::BadRecord(e)) if e.reason == Reason::OutputTooLarge)
         );
+    }
+
+    /// The schema, with `def` of it as the root.
+    fn schema(def: &str) -> jsonschema::Validator {
+        let mut schema: serde_json::Value =
+            serde_json::from_str(include_str!("../../docs/call.schema.json")).unwrap();
+        schema["$ref"] = format!("#/$defs/{def}").into();
+        jsonschema::validator_for(&schema).unwrap()
+    }
+
+    fn errors(v: &jsonschema::Validator, doc: &serde_json::Value) -> Vec<String> {
+        v.iter_errors(doc).map(|e| e.to_string()).collect()
+    }
+
+    #[test]
+    fn what_exactly_sends_is_a_request_of_the_schema() {
+        let body = request(&[
+            input(Some(br#"{"a": 1}"#), Some(b"k")),
+            input(Some(b"\x00\xffnot json"), Some(b"\xfe")),
+            input(None, None),
+        ]);
+        let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let v = schema("request");
+        assert_eq!(errors(&v, &doc), Vec::<String>::new());
+        let mut broken = doc.clone();
+        broken["records"][2]["key_encoding"] = "utf8".into();
+        assert!(!v.is_valid(&broken), "a key's encoding without a key");
+    }
+
+    #[test]
+    fn the_readme_examples_are_of_the_schema_and_the_answer_decodes() {
+        let readme = include_str!("../../README.md");
+        let at = readme.find("The whole protocol is a JSON Schema").unwrap();
+        let blocks: Vec<serde_json::Value> = readme[at..]
+            .split("```json")
+            .skip(1)
+            .take(2)
+            .map(|b| serde_json::from_str(b.split("```").next().unwrap()).unwrap())
+            .collect();
+        let (req, ans) = (&blocks[0], &blocks[1]);
+        assert_eq!(errors(&schema("request"), req), Vec::<String>::new());
+        assert_eq!(errors(&schema("answer"), ans), Vec::<String>::new());
+        let lineages: Vec<String> = req["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["lineage"].as_str().unwrap().to_string())
+            .collect();
+        let answers = decode(ans.to_string().as_bytes(), &lineages).unwrap();
+        let Answer::Outputs(o) = &answers[0] else {
+            panic!("{answers:?}")
+        };
+        assert_eq!(o[1].headers, Some(vec![("sig".into(), Some(vec![0xff]))]));
+        assert_eq!(
+            answers[1],
+            Answer::Rejected("a tombstone has no order".into())
+        );
+    }
+
+    #[test]
+    fn answers_the_schema_refuses_are_malformed_here_too() {
+        let v = schema("answer");
+        for body in [
+            r#"{"results": [{"outputs": [{"key": "k"}]}]}"#,
+            r#"{"results": [{"outputs": [{"value": 1, "value_base64": "AA=="}]}]}"#,
+            r#"{"results": [{"outputs": [{"value": 1, "key": "a", "key_base64": "AA=="}]}]}"#,
+            r#"{"results": [{"outputs": [{"value": 1, "topic": "a b"}]}]}"#,
+            r#"{"results": [{"reject": "x", "outputs": [{"value": 1}]}]}"#,
+            r#"{"results": [{"output": []}]}"#,
+            r#"{"results": [{"reject": null}]}"#,
+            r#"{"results": [{"outputs": [{"value": 1, "headers": [{"name": "a"}]}]}]}"#,
+        ] {
+            let doc: serde_json::Value = serde_json::from_str(body).unwrap();
+            assert!(!v.is_valid(&doc), "the schema takes {body}");
+            assert!(
+                decode(body.as_bytes(), &lineages(1)).is_err(),
+                "exactly takes {body}"
+            );
+        }
+        let ok = r#"{"results": [{}, {"outputs": [{"value": null, "key": null, "topic": null}]}]}"#;
+        let doc: serde_json::Value = serde_json::from_str(ok).unwrap();
+        assert_eq!(errors(&v, &doc), Vec::<String>::new());
+        assert!(decode(ok.as_bytes(), &lineages(2)).is_ok());
     }
 }
