@@ -6,6 +6,11 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use nix::sys::signal::Signal;
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::DefaultProducerContext;
+use rdkafka::producer::{Producer, ThreadedProducer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 #[test]
 fn sigterm_mid_stream_exits_zero_within_grace_and_restart_resumes() {
@@ -153,4 +158,115 @@ fn a_fenced_static_consumer_is_replaced_and_nothing_is_lost() {
     let outputs = read_all(&topics.output, "read_committed");
     let n = assert_exactly_once(&outputs, &expected_outputs(&topics.input, doubled));
     eprintln!("fenced static consumer replaced; {n} outputs exactly once (duplicates found: 0)");
+}
+
+/// A member of the group sharing it with exactly (cooperative-sticky, as exactly's).
+fn owner(group: &str, topic: &str) -> BaseConsumer {
+    let owner: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", group)
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .set("enable.auto.commit", "false")
+        .set("session.timeout.ms", "6000")
+        .create()
+        .unwrap();
+    owner.subscribe(&[topic]).unwrap();
+    owner
+}
+
+/// Polls `owner` until it holds `n` partitions; returns them.
+fn hold(owner: &BaseConsumer, n: usize) -> Vec<i32> {
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        owner.poll(Duration::from_millis(100));
+        let a = owner.assignment().unwrap();
+        if a.count() == n {
+            return a.elements().iter().map(|e| e.partition()).collect();
+        }
+        assert!(
+            Instant::now() < until,
+            "the owner never held {n} partitions"
+        );
+    }
+}
+
+/// `owner` dies with its offsets of `partitions` sent in a transaction that never ends: a
+/// read_committed member's offset fetch for those partitions waits (unstable offsets) until
+/// the transaction ends, so they are assigned to the next owner but do not fetch. Returns the
+/// open transaction's producer.
+fn die_with_pending_offsets(
+    owner: BaseConsumer,
+    topic: &str,
+    partitions: &[i32],
+) -> ThreadedProducer<DefaultProducerContext> {
+    let txn: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("transactional.id", unique("takeover-t"))
+        .create()
+        .unwrap();
+    txn.init_transactions(Duration::from_secs(30)).unwrap();
+    txn.begin_transaction().unwrap();
+    let mut offsets = TopicPartitionList::new();
+    for p in partitions {
+        offsets
+            .add_partition_offset(topic, *p, Offset::Offset(0))
+            .unwrap();
+    }
+    let metadata = owner.group_metadata().unwrap();
+    txn.send_offsets_to_transaction(&offsets, &metadata, Duration::from_secs(30))
+        .unwrap();
+    drop(owner);
+    txn
+}
+
+#[test]
+fn aborts_while_a_dead_owners_partitions_wait_replace_no_consumer() {
+    let topics = Topics::create("takeover", 4, 2);
+    let group = unique("takeover-g");
+    let mut written = 400;
+    produce(&topics.input, &numbered(written, 4));
+    let owner = owner(&group, &topics.input);
+    hold(&owner, 4);
+    let mut args = base_args(&topics, &group, "takeover-0");
+    args.extend(["--jq", DOUBLE, "--test-abort-every", "2"].map(String::from));
+    let mut ex = Exactly::start(&args);
+    let held = hold(&owner, 2);
+    // Until exactly reads its two: the owner takes part in the group meanwhile.
+    let until = Instant::now() + Duration::from_secs(60);
+    while ex.owned().is_none_or(|o| count_partitions(&o) < 2)
+        || committed_total(&group, &topics.input) == 0
+    {
+        assert!(
+            Instant::now() < until,
+            "exactly never got going:\n{}",
+            ex.log_text()
+        );
+        owner.poll(Duration::from_millis(100));
+    }
+    let txn = die_with_pending_offsets(owner, &topics.input, &held);
+    let before = ex.events("transaction aborted").len();
+    // Records keep coming on every partition while exactly takes the dead owner's over: its
+    // own move on, one commit in two aborted and rewound, while the taken ones wait.
+    let until = Instant::now() + Duration::from_secs(60);
+    while ex.events("transaction aborted").len() < before + 3 {
+        assert!(Instant::now() < until, "no aborts:\n{}", ex.log_text());
+        let batch: Vec<In> = numbered(written + 40, 4).split_off(written);
+        produce(&topics.input, &batch);
+        written += 40;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    txn.abort_transaction(Duration::from_secs(30)).unwrap();
+    wait_all_committed(&group, &topics.input, Duration::from_secs(120));
+    ex.stop_cleanly();
+    for line in ["seek failed", "consumer fenced; replacing it"] {
+        assert!(ex.events(line).is_empty(), "{line}:\n{}", ex.log_text());
+    }
+    let outputs = read_all(&topics.output, "read_committed");
+    let n = assert_exactly_once(&outputs, &expected_outputs(&topics.input, doubled));
+    let rewinds: Vec<String> = ex
+        .events("rewound to the committed offsets")
+        .iter()
+        .filter_map(|e| e["partitions"].as_str().map(str::to_string))
+        .collect();
+    eprintln!("taken over {held:?} while they waited; rewinds: {rewinds:?}; {n} outputs once");
 }

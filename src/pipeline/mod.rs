@@ -116,12 +116,14 @@ pub fn run(
     let mut replacements = 0u32;
     loop {
         let consumer = subscribe(config, session.clone(), positions.clone(), metrics.clone())?;
+        let commits = consumer.context().session().commits();
         health.set_ready(true);
         let result = run_loop(&consumer, &health, &shutdown);
         health.set_ready(false);
         let result = match result {
             Err(Interrupt::ReplaceConsumer(why)) if !shutdown.is_cancelled() => {
-                replacements += 1;
+                let progressed = consumer.context().session().commits() > commits;
+                replacements = replacements_after(replacements, progressed);
                 replace(consumer, &why, replacements);
                 continue;
             }
@@ -134,6 +136,12 @@ pub fn run(
         };
         return stop(consumer, result, config.shutdown_grace);
     }
+}
+
+/// Consumers replaced in a row, counting this one: a consumer that committed something before
+/// it was finished was progress, and the pauses start again from the first.
+fn replacements_after(replacements: u32, progressed: bool) -> u32 {
+    if progressed { 1 } else { replacements + 1 }
 }
 
 /// librdkafka's consumer is finished (`why`); the producer is not. The session drops what the

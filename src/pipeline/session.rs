@@ -89,6 +89,11 @@ impl Session {
         }
     }
 
+    /// Units committed since start: progress.
+    pub fn commits(&self) -> u64 {
+        self.writer.driver.commits()
+    }
+
     /// An error a rebalance callback met, for the loop to stop with.
     pub fn take_fatal(&mut self) -> Option<Error> {
         self.writer.driver.take_fatal()

@@ -301,3 +301,16 @@ fn a_call_out_when_another_failed_is_counted_when_it_comes_back() {
     assert_eq!(count("unreachable").as_deref(), Some("1"), "{text}");
     assert_eq!(count("http_error").as_deref(), Some("1"), "{text}");
 }
+
+#[test]
+fn the_pause_between_replaced_consumers_starts_again_after_progress() {
+    use super::replacements_after;
+    let mut n = 0;
+    for _ in 0..4 {
+        n = replacements_after(n, false);
+    }
+    assert_eq!(n, 4);
+    assert_eq!(replacements_after(n, true), 1);
+    let pause = |n| crate::backoff::Backoff::CONSUMER.after(n);
+    assert!(pause(replacements_after(n, true)) < pause(replacements_after(n, false)));
+}

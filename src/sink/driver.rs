@@ -42,6 +42,8 @@ pub struct Driver {
     rejections: Rejections,
     /// Aborts and recreations since the last commit.
     failures: u32,
+    /// Units committed since start.
+    commits: u64,
     /// An error raised where it could not be returned (a rebalance callback).
     fatal: Option<Error>,
     metrics: Arc<Metrics>,
@@ -135,6 +137,11 @@ impl Driver {
     /// Aborts and recreations since the last commit.
     pub fn failures_in_a_row(&self) -> u32 {
         self.failures
+    }
+
+    /// Units committed since start: progress.
+    pub fn commits(&self) -> u64 {
+        self.commits
     }
 
     /// What the destination said about an input whose records it refused.
@@ -286,6 +293,7 @@ impl Driver {
         }
         self.offsets.committed(offsets);
         self.failures = 0;
+        self.commits += 1;
         unit.emit_committed(started.elapsed(), &self.metrics);
         Outcome::Committed {
             records: unit.records(),

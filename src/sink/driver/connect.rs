@@ -38,6 +38,7 @@ impl Driver {
                         offsets: CommitOffsets::default(),
                         rejections: Rejections::default(),
                         failures: 0,
+                        commits: 0,
                         fatal: None,
                         metrics,
                         shutdown,
