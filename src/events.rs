@@ -150,8 +150,18 @@ pub struct TransactionCommitted<'a> {
 }
 
 impl TransactionCommitted<'_> {
-    /// Counts it (the loop logs commits itself, at the level the occasion deserves).
+    /// Counts it (the loop logs commits itself, at the level the occasion deserves). One that
+    /// committed offsets and no record is counted apart: it is not a transaction of records.
     pub fn emit(&self, m: &Metrics) {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        m.last_commit_timestamp.set(now.as_secs_f64());
+        m.commit_duration.observe(self.took.as_secs_f64());
+        if self.records == 0 {
+            m.offsets_only_commits.inc();
+            return;
+        }
         for (topic, p, n) in self.consumed {
             m.records_consumed
                 .with_label_values(&[*topic, p.to_string().as_str()])
@@ -164,12 +174,7 @@ impl TransactionCommitted<'_> {
             }
         }
         m.transactions.with_label_values(&["committed"]).inc();
-        m.commit_duration.observe(self.took.as_secs_f64());
         m.transaction_records.observe(self.records as f64);
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        m.last_commit_timestamp.set(now.as_secs_f64());
         let now_ms = i64::try_from(now.as_millis()).unwrap_or(i64::MAX);
         for ts in self.timestamps {
             // Clocks of producers upstream may be ahead of ours: never negative.
@@ -441,6 +446,25 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} missing from:\n{text}");
         }
+        // Offsets only: apart.
+        TransactionCommitted {
+            consumed: &[],
+            filtered: 0,
+            dead_lettered: &[0; 7],
+            records: 0,
+            timestamps: &[],
+            took: Duration::from_millis(2),
+        }
+        .emit(&m);
+        let text = m.render();
+        assert!(
+            text.contains("exactly_offsets_only_commits_total 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("exactly_transactions_total{outcome=\"committed\"} 1"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //! watermark belong to transactions still open upstream (a hanging one shows there).
 //!
 //! Positions come from librdkafka's statistics, which the consumer context receives inside
-//! `poll` ([`Positions::update`]). The end offsets come from two clients of this module's own,
+//! `poll` ([`Positions::update`]), held back to what is committed ([`Positions::committed`],
+//! which the sink's driver calls after every commit): a record read is not processed until
+//! its transaction commits, so a slow application's staged records show as lag. The end offsets come from two clients of this module's own,
 //! queried on a thread of their own, so the lag keeps growing on the dashboard while the loop
 //! is stuck: "latest" is the LSO for a read_committed client and the high watermark for a
 //! read_uncommitted one. librdkafka's statistics cannot give both: in read_committed mode
@@ -24,34 +26,99 @@ use crate::error::Error;
 use crate::kafka::{Isolation, Role, Settings};
 use crate::metrics::{Metrics, PartitionOffsets};
 
-/// The next offset the loop processes, per owned partition.
+/// The next offset not yet committed, per owned partition: what the lag counts from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Position {
     /// Topic.
     pub topic: String,
     /// Partition.
     pub partition: i32,
-    /// Next offset to process, if known yet.
+    /// Next offset not yet committed, if known yet.
     pub next: Option<i64>,
 }
 
-/// The owned partitions and their positions, as the last statistics report had them.
+/// The owned partitions and their positions: the last statistics report's, held back to what
+/// is committed. A record read is no progress until its transaction commits: records in the
+/// open transaction, or waiting for the application's answer, are lag.
 #[derive(Default)]
-pub struct Positions(Mutex<Vec<Position>>);
+pub struct Positions {
+    read: Mutex<Vec<Read>>,
+    /// Per owned partition, the offset no record past has committed yet: the first read since
+    /// it was assigned, then what this instance's commits sent.
+    floor: Mutex<HashMap<(String, i32), i64>>,
+}
+
+/// One owned partition, as the statistics report has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Read {
+    topic: String,
+    partition: i32,
+    /// After the last record handed to the loop (or the fetch position, past markers).
+    next: Option<i64>,
+    /// The group's offset the consumer started from.
+    start: Option<i64>,
+}
 
 impl Positions {
     /// Takes the positions of the owned partitions from a librdkafka statistics report.
     pub fn update(&self, stats: &Statistics) {
-        let positions = from_statistics(stats);
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = positions;
+        let read = from_statistics(stats);
+        *self.read.lock().unwrap_or_else(|p| p.into_inner()) = read;
+    }
+
+    /// The first record read of a partition since it was assigned is at `offset`.
+    pub fn started(&self, tp: (&str, i32), offset: i64) {
+        let mut floor = self.floor.lock().unwrap_or_else(|p| p.into_inner());
+        floor.entry((tp.0.to_string(), tp.1)).or_insert(offset);
+    }
+
+    /// A commit of this instance made `offsets` durable.
+    pub fn committed(&self, offsets: &[((String, i32), i64)]) {
+        let mut floor = self.floor.lock().unwrap_or_else(|p| p.into_inner());
+        for (tp, o) in offsets {
+            let f = floor.entry(tp.clone()).or_insert(*o);
+            *f = (*f).max(*o);
+        }
+    }
+
+    /// `partitions` are no longer owned.
+    pub fn forget(&self, partitions: &[(String, i32)]) {
+        let mut floor = self.floor.lock().unwrap_or_else(|p| p.into_inner());
+        for tp in partitions {
+            floor.remove(tp);
+        }
     }
 
     fn snapshot(&self) -> Vec<Position> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        let read = self.read.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let floor = self.floor.lock().unwrap_or_else(|p| p.into_inner());
+        read.into_iter()
+            .map(|r| {
+                let ours = floor.get(&(r.topic.clone(), r.partition)).copied();
+                Position {
+                    next: held_back(r.next, r.start, ours),
+                    topic: r.topic,
+                    partition: r.partition,
+                }
+            })
+            .collect()
     }
 }
 
-fn from_statistics(stats: &Statistics) -> Vec<Position> {
+/// The next offset not yet committed: the position read to, but no further than the later of
+/// the group's offset the consumer started from and this instance's floor (its first read,
+/// then its commits); the older of the two is stale (commits made since the start; a
+/// partition that came back after another member committed it).
+fn held_back(next: Option<i64>, start: Option<i64>, ours: Option<i64>) -> Option<i64> {
+    let floor = start.into_iter().chain(ours).max();
+    match (next, floor) {
+        (Some(n), Some(f)) => Some(n.min(f)),
+        (n, None) => n,
+        (None, f) => f,
+    }
+}
+
+fn from_statistics(stats: &Statistics) -> Vec<Read> {
     let mut out = Vec::new();
     for (topic, t) in &stats.topics {
         for p in t.partitions.values() {
@@ -72,10 +139,11 @@ fn from_statistics(stats: &Statistics) -> Vec<Position> {
             if p.fetchq_cnt == 0 && p.next_offset >= 0 {
                 next = Some(next.map_or(p.next_offset, |o| o.max(p.next_offset)));
             }
-            out.push(Position {
+            out.push(Read {
                 topic: topic.clone(),
                 partition: p.partition,
                 next,
+                start: Some(p.committed_offset).filter(|o| *o >= 0),
             });
         }
     }
@@ -213,6 +281,38 @@ mod tests {
         got.sort_by_key(|p| p.partition);
         let next: Vec<_> = got.iter().map(|p| (p.partition, p.next)).collect();
         assert_eq!(next, vec![(0, Some(40)), (1, Some(20)), (3, None)]);
+    }
+
+    #[test]
+    fn records_read_and_not_committed_are_lag() {
+        // Read to 90 (staged for the application, say); committed at 40 by this instance.
+        assert_eq!(held_back(Some(90), Some(10), Some(40)), Some(40));
+        // Nothing committed here yet: the offset the consumer started from (or, with nothing
+        // committed in the group, the first read: a floor of its own).
+        assert_eq!(held_back(Some(90), Some(10), None), Some(10));
+        assert_eq!(held_back(Some(90), None, Some(0)), Some(0));
+        // Back after another member committed to 70: this instance's 40 is stale.
+        assert_eq!(held_back(Some(90), Some(70), Some(40)), Some(70));
+        // Caught up: the commit moved past markers to the position.
+        assert_eq!(held_back(Some(91), Some(10), Some(91)), Some(91));
+        assert_eq!(held_back(None, None, None), None);
+        assert_eq!(held_back(Some(5), None, None), Some(5));
+        let p = Positions::default();
+        let mut s = stats(vec![partition(0, true, 90, 10)]);
+        s.topics
+            .get_mut("in")
+            .unwrap()
+            .partitions
+            .get_mut(&0)
+            .unwrap()
+            .fetchq_cnt = 3;
+        p.update(&s);
+        assert_eq!(p.snapshot()[0].next, Some(10));
+        p.committed(&[(("in".to_string(), 0), 40)]);
+        assert_eq!(p.snapshot()[0].next, Some(40));
+        p.forget(&[("in".to_string(), 0)]);
+        p.started(("in", 0), 5);
+        assert_eq!(p.snapshot()[0].next, Some(10));
     }
 
     #[test]

@@ -25,8 +25,10 @@ pub struct Metrics {
     pub records_filtered: IntCounter,
     /// Records written to the DLQ, by reason.
     pub records_dlq: IntCounterVec,
-    /// Transactions ended, by outcome (committed, aborted).
+    /// Transactions ended, by outcome (committed, aborted); offsets-only ones apart.
     pub transactions: IntCounterVec,
+    /// Transactions that committed only offsets (the group moved past transaction markers).
+    pub offsets_only_commits: IntCounter,
     /// Aborted transactions, by reason.
     pub transaction_aborts: IntCounterVec,
     /// Time from send_offsets_to_transaction to the end of commit_transaction.
@@ -139,6 +141,13 @@ impl Metrics {
         )
         .expect("metric");
         register(Box::new(records_filtered.clone()), "counter");
+        let offsets_only_commits = IntCounter::new(
+            "offsets_only_commits_total",
+            "Transactions that committed offsets and no record: the group moving past \
+             transaction markers of the input.",
+        )
+        .expect("metric");
+        register(Box::new(offsets_only_commits.clone()), "counter");
         let build_info = gauge_vec(
             "build_info",
             "Version of exactly and of librdkafka.",
@@ -169,9 +178,10 @@ impl Metrics {
             ),
             transactions: counter_vec(
                 "transactions_total",
-                "Transactions ended, by outcome.",
+                "Transactions ended, by outcome (offsets-only ones are counted apart).",
                 &["outcome"],
             ),
+            offsets_only_commits,
             transaction_aborts: counter_vec(
                 "transaction_aborts_total",
                 "Aborted transactions, by reason.",

@@ -421,3 +421,40 @@ fn sigterm_with_calls_in_flight_commits_what_was_answered_and_exits_0() {
         4_000
     );
 }
+
+#[test]
+fn records_waiting_for_a_slow_application_are_lag() {
+    let topics = Topics::create("call-lag", 1, 1);
+    let group = unique("call-lag-g");
+    produce(&topics.input, &numbered(400, 1));
+    let app = App::start(None);
+    app.set(json!({"delay_ms": 20_000}));
+    let ex = Exactly::start(&call_args(
+        &topics,
+        &group,
+        &app,
+        &[
+            "--lag-interval",
+            "500ms",
+            "--call-batch-records",
+            "1000",
+            "--call-timeout",
+            "40s",
+        ],
+    ));
+    let lag = |m: &str| {
+        metric(
+            m,
+            "exactly_consumer_lag_records",
+            &[("topic", topics.input.as_str()), ("partition", "0")],
+        )
+    };
+    // Every record read, in calls out or the open batch; nothing answered yet: all are lag.
+    wait_metrics(&ex, "every record read", Duration::from_secs(15), |m| {
+        metric(m, "exactly_calls_in_flight", &[]) >= 1.0 && lag(m) == 400.0
+    });
+    assert_eq!(committed_total(&group, &topics.input), 0);
+    app.set(json!({"delay_ms": 0}));
+    wait_all_committed(&group, &topics.input, Duration::from_secs(60));
+    wait_metrics(&ex, "no lag", Duration::from_secs(30), |m| lag(m) == 0.0);
+}

@@ -66,6 +66,10 @@ pub struct Broker {
     pub calls: Vec<Call>,
     /// Commits to fail (abortable) before one goes through.
     pub fail_commits: u32,
+    /// Commits whose outcome is reported unknown: the first `commit_unknown` of them took
+    /// effect, the next `commit_unknown_lost` did not.
+    pub commit_unknown: u32,
+    pub commit_unknown_lost: u32,
     /// Sends to fail (abortable) before one goes through.
     pub fail_sends: u32,
     /// The group's committed offsets cannot be read (librdkafka's mock cluster: it takes
@@ -217,9 +221,17 @@ impl Sink for FakeSink {
             b.fail_commits = b.fail_commits.saturating_sub(1);
             return Err(Failed::Abort(AbortReason::CommitFailed));
         }
+        if b.commit_unknown_lost > 0 && b.commit_unknown == 0 {
+            b.commit_unknown_lost -= 1;
+            return Err(Failed::Abort(AbortReason::CommitOutcomeUnknown));
+        }
         let open = std::mem::take(&mut b.open);
         b.outputs.extend(open);
         b.committed.extend(offsets);
+        if b.commit_unknown > 0 {
+            b.commit_unknown -= 1;
+            return Err(Failed::Abort(AbortReason::CommitOutcomeUnknown));
+        }
         Ok(())
     }
 
@@ -513,6 +525,7 @@ impl Core {
             writer,
             intake,
             commit,
+            positions: Arc::default(),
             metrics: metrics.clone(),
             health,
             shutdown: shutdown.clone(),

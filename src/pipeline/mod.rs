@@ -77,7 +77,7 @@ pub fn run(
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     let (kafka, test) = (&config.kafka, &config.test);
-    let driver = sink::start(
+    let mut driver = sink::start(
         kafka,
         &config.sink,
         test,
@@ -85,6 +85,9 @@ pub fn run(
         metrics.clone(),
         shutdown.clone(),
     )?;
+    // The lag counts from what is committed.
+    let committed = positions.clone();
+    driver.on_commit(move |offsets| committed.committed(offsets));
     let policy = Policy {
         output_topic: config.sink.output_topic.clone(),
         errors: config.errors.clone(),
@@ -102,6 +105,7 @@ pub fn run(
         writer,
         intake,
         commit: config.commit,
+        positions: positions.clone(),
         metrics: metrics.clone(),
         health: health.clone(),
         shutdown: shutdown.clone(),

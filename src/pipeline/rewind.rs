@@ -34,25 +34,31 @@ pub struct Rewind {
 }
 
 impl Rewind {
-    /// A record of `topic`/`partition` at `offset` was polled.
-    pub fn read(&mut self, topic: &str, partition: i32, offset: i64) {
+    /// A record of `topic`/`partition` at `offset` was polled. Whether it is the partition's
+    /// first since it was assigned.
+    pub fn read(&mut self, topic: &str, partition: i32, offset: i64) -> bool {
         if let Some((t, p)) = &self.last
             && *p == partition
             && t == topic
         {
-            return;
+            return false;
         }
-        match self.first.get_mut(topic) {
-            Some(ps) => {
-                ps.entry(partition).or_insert(offset);
-            }
+        let first = match self.first.get_mut(topic) {
+            Some(ps) => match ps.entry(partition) {
+                std::collections::hash_map::Entry::Occupied(_) => false,
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(offset);
+                    true
+                }
+            },
             None => {
                 self.first
                     .entry(topic.to_string())
                     .or_default()
                     .insert(partition, offset);
+                true
             }
-        }
+        };
         match &mut self.last {
             // The name's buffer is reused: records of several partitions interleave.
             Some((t, p)) => {
@@ -62,6 +68,7 @@ impl Rewind {
             }
             None => self.last = Some((topic.to_string(), partition)),
         }
+        first
     }
 
     /// `partitions` are no longer owned: a later assignment starts afresh.
@@ -92,7 +99,8 @@ impl Rewind {
     /// what this instance last committed, or its first offset read, with nothing committed). Reading the committed offsets is
     /// retried for up to `timeout`, then the consumer is replaced (a new one starts from the
     /// committed offsets); a shutdown stops it at once (nothing is open, the loop ends next).
-    /// Whether the consumer is back (false: shutdown came first).
+    /// What is committed for the partitions read, once the consumer is back there (`None`:
+    /// shutdown came first).
     pub fn perform(
         &self,
         group: &dyn Group,
@@ -100,7 +108,7 @@ impl Rewind {
         timeout: Duration,
         health: &Health,
         shutdown: &CancellationToken,
-    ) -> Result<bool, Interrupt> {
+    ) -> Result<Option<Committed>, Interrupt> {
         let assignment = group.assignment().map_err(|e| Error::Unrecoverable {
             context: "reading the assignment".into(),
             source: e,
@@ -110,13 +118,13 @@ impl Rewind {
             .filter(|tp| self.first_read(tp).is_some())
             .collect();
         if read.is_empty() {
-            return Ok(true);
+            return Ok(Some(Vec::new()));
         }
-        let Some(committed) = committed(group, driver, &read, timeout, health, shutdown)? else {
-            return Ok(false);
+        let Some(answer) = committed(group, driver, &read, timeout, health, shutdown)? else {
+            return Ok(None);
         };
         // Each partition read: the sink's answer for it, if it gave one.
-        let committed: HashMap<Tp, Option<i64>> = committed.into_iter().collect();
+        let committed: HashMap<Tp, Option<i64>> = answer.iter().cloned().collect();
         let targets: Vec<(Tp, i64)> = read
             .into_iter()
             .filter_map(|tp| {
@@ -128,7 +136,7 @@ impl Rewind {
             })
             .collect();
         if targets.is_empty() {
-            return Ok(true);
+            return Ok(Some(answer));
         }
         match group.seek(&targets, timeout) {
             Ok(()) => {}
@@ -148,7 +156,7 @@ impl Rewind {
         }
         let moved: Vec<Tp> = targets.into_iter().map(|(tp, _)| tp).collect();
         info!(partitions = %describe(&moved), "rewound to the committed offsets");
-        Ok(true)
+        Ok(Some(answer))
     }
 }
 

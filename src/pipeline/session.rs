@@ -29,6 +29,7 @@ use crate::error::Error;
 use crate::events::{self, AbortReason, CallAnswered, Occasion, TransformUnavailable};
 use crate::health::Health;
 use crate::kafka::Tp;
+use crate::lag::Positions;
 use crate::metrics::Metrics;
 use crate::sink::{Began, Group, Outcome};
 use crate::transform::{InputRecord, call};
@@ -52,6 +53,8 @@ pub struct Session {
     /// Partition changes the transform has not heard of yet, and what it was told it owns.
     changes: Vec<Change>,
     owned: BTreeSet<Tp>,
+    /// The lag gauges' view of where each partition is.
+    positions: Arc<Positions>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     shutdown: CancellationToken,
@@ -65,6 +68,8 @@ pub struct Parts {
     pub intake: Intake,
     /// When the open unit commits.
     pub commit: CommitPolicy,
+    /// The lag gauges' view of where each partition is.
+    pub positions: Arc<Positions>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Heartbeat and readiness.
@@ -83,6 +88,7 @@ impl Session {
             commit: parts.commit,
             changes: Vec::new(),
             owned: BTreeSet::new(),
+            positions: parts.positions,
             metrics: parts.metrics,
             health: parts.health,
             shutdown: parts.shutdown,
@@ -126,8 +132,11 @@ impl Session {
         group: &dyn Group,
     ) -> Result<Poll, Interrupt> {
         self.hand_over_changes();
-        if let Some(r) = record {
-            self.rewind.read(r.topic, r.partition, r.offset);
+        if let Some(r) = record
+            && self.rewind.read(r.topic, r.partition, r.offset)
+        {
+            // The lag counts from here until the first commit.
+            self.positions.started((r.topic, r.partition), r.offset);
         }
         if self.writer.driver.rewind_owed() {
             self.rewind_now(group)?;
@@ -164,6 +173,7 @@ impl Session {
         self.intake.revoke(&partitions);
         self.rewind.forget(&partitions);
         self.writer.driver.forget(&partitions);
+        self.positions.forget(&partitions);
         self.changes.push(Change::Revoked(partitions));
     }
 
@@ -179,6 +189,8 @@ impl Session {
         self.writer.driver.abort_now(AbortReason::ConsumerFenced);
         self.hand_over_changes();
         self.intake.clear();
+        let read: Vec<Tp> = self.owned.iter().cloned().collect();
+        self.positions.forget(&read);
         self.rewind.clear();
         self.writer.driver.new_consumer();
         let owned: Vec<Tp> = std::mem::take(&mut self.owned).into_iter().collect();
@@ -203,6 +215,7 @@ impl Session {
             self.health.beat();
             self.pump(group, MAX_POLL, true)?;
         }
+        self.writer.driver.forget_unresolved();
         match self.writer.driver.commit(group, &self.intake)? {
             Outcome::Committed { records } => events::committed(records, Occasion::Shutdown),
             Outcome::Aborted => {
@@ -276,10 +289,11 @@ impl Session {
         let done = self
             .rewind
             .perform(group, driver, timeout, &self.health, &self.shutdown)?;
-        if !done {
+        let Some(committed) = done else {
             // Shutdown began: nothing is open, the loop ends next.
             return Ok(());
-        }
+        };
+        self.writer.driver.resolve(&committed);
         self.writer.driver.rewound();
         let pause = Backoff::ABORTS.after(self.writer.driver.failures_in_a_row());
         if !pause.is_zero() {

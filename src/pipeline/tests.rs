@@ -283,6 +283,41 @@ fn shutdown_commits_what_was_answered_within_the_grace() {
     assert_eq!(b.lineages("out"), lineages(&[(0, 0), (0, 1)]));
 }
 
+/// The value of the series `name` in `core`'s metrics, if it is there.
+fn sample(core: &Core, name: &str) -> Option<String> {
+    let text = core.metrics.render();
+    let prefix = format!("{name} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()).map(str::to_string))
+}
+
+#[test]
+fn a_commit_whose_outcome_was_unknown_counts_as_what_the_broker_says() {
+    let mut core = Core::direct(every(3));
+    core.broker().fill(("in", 0), 0, 6, &[]);
+    core.broker().commit_unknown = 1;
+    core.assign(("in", 0), 0);
+    for _ in 0..3 {
+        core.turn(); // the commit of 0..3 took effect, its outcome unknown
+    }
+    let committed = r#"exactly_transactions_total{outcome="committed"}"#;
+    let aborted = r#"exactly_transactions_total{outcome="aborted"}"#;
+    let consumed = r#"exactly_records_consumed_total{partition="0",topic="in"}"#;
+    assert_eq!(sample(&core, committed).as_deref(), Some("1"));
+    assert_eq!(sample(&core, consumed).as_deref(), Some("3"));
+    assert_eq!(sample(&core, aborted), None);
+    core.broker().commit_unknown_lost = 1;
+    for _ in 0..3 {
+        core.turn(); // the commit of 3..6 did not take effect, its outcome unknown
+    }
+    assert_eq!(sample(&core, aborted).as_deref(), Some("1"));
+    assert_eq!(sample(&core, committed).as_deref(), Some("1"));
+    core.run(20);
+    assert_eq!(sample(&core, consumed).as_deref(), Some("6"));
+    let all: Vec<(i32, i64)> = (0..6).map(|o| (0, o)).collect();
+    assert_eq!(core.broker().lineages("out"), lineages(&all));
+}
+
 #[test]
 fn a_call_out_when_another_failed_is_counted_when_it_comes_back() {
     let (app, mut core) = two_calls_out();
@@ -291,15 +326,14 @@ fn a_call_out_when_another_failed_is_counted_when_it_comes_back() {
     core.turn();
     app.answer_or(1, Some(CallError::Status(500, "internal error".into())));
     core.turn();
-    let text = core.metrics.render();
     let count = |outcome: &str| {
-        let line = format!("exactly_calls_total{{outcome=\"{outcome}\"}} ");
-        text.lines()
-            .find_map(|l| l.strip_prefix(line.as_str()))
-            .map(|n| n.to_string())
+        sample(
+            &core,
+            &format!("exactly_calls_total{{outcome=\"{outcome}\"}}"),
+        )
     };
-    assert_eq!(count("unreachable").as_deref(), Some("1"), "{text}");
-    assert_eq!(count("http_error").as_deref(), Some("1"), "{text}");
+    assert_eq!(count("unreachable").as_deref(), Some("1"));
+    assert_eq!(count("http_error").as_deref(), Some("1"));
 }
 
 #[test]

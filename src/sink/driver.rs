@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 mod connect;
+mod unknown;
 
 use super::offsets::CommitOffsets;
 use super::rejected::{Rejections, Source, Verdict};
@@ -21,6 +22,9 @@ use crate::kafka::Tp;
 use crate::metrics::Metrics;
 use crate::records::Outgoing;
 use crate::transform::Reason;
+
+/// Told the offsets of every commit.
+type OnCommit = Box<dyn Fn(&[(Tp, i64)]) + Send>;
 
 /// Where the unit of work stands.
 enum State {
@@ -44,6 +48,10 @@ pub struct Driver {
     failures: u32,
     /// Units committed since start.
     commits: u64,
+    /// Told the offsets of every commit.
+    on_commit: Option<OnCommit>,
+    /// A commit whose outcome was unknown, counted once the committed offsets tell.
+    unresolved: Option<unknown::Unresolved>,
     /// An error raised where it could not be returned (a rebalance callback).
     fatal: Option<Error>,
     metrics: Arc<Metrics>,
@@ -118,6 +126,7 @@ impl Driver {
     /// The consumer is replaced: the new one starts from the committed offsets, owning
     /// nothing yet, and nothing is owed.
     pub fn new_consumer(&mut self) {
+        self.forget_unresolved();
         self.offsets.forget_all();
         if self.rewind_owed() {
             self.state = State::Idle;
@@ -142,6 +151,11 @@ impl Driver {
     /// Units committed since start: progress.
     pub fn commits(&self) -> u64 {
         self.commits
+    }
+
+    /// `f` is told the offsets of every commit (the lag gauges count from them).
+    pub fn on_commit(&mut self, f: impl Fn(&[(Tp, i64)]) + Send + 'static) {
+        self.on_commit = Some(Box::new(f));
     }
 
     /// What the destination said about an input whose records it refused.
@@ -269,6 +283,11 @@ impl Driver {
         match self.sink.commit(&offsets, group, &self.bounds) {
             Ok(()) => Ok(self.committed_unit(offsets, started)),
             Err(Failed::Exit(e)) => Err(e),
+            Err(Failed::Abort(AbortReason::CommitOutcomeUnknown)) => {
+                self.set_aside(offsets, started);
+                self.abort(AbortReason::CommitOutcomeUnknown)?;
+                Ok(Outcome::Aborted)
+            }
             Err(Failed::Abort(reason)) => {
                 self.abort(reason)?;
                 Ok(Outcome::Aborted)
@@ -288,8 +307,16 @@ impl Driver {
         let State::Open(unit) = std::mem::replace(&mut self.state, State::Idle) else {
             return Outcome::Empty;
         };
+        self.count_commit(unit, offsets, started)
+    }
+
+    /// The bookkeeping of a unit that committed `offsets`.
+    fn count_commit(&mut self, unit: Unit, offsets: Vec<(Tp, i64)>, started: Instant) -> Outcome {
         for (topic, partition, next) in unit.next_offsets() {
             self.rejections.committed(topic, partition, next);
+        }
+        if let Some(f) = &self.on_commit {
+            f(&offsets);
         }
         self.offsets.committed(offsets);
         self.failures = 0;
@@ -324,10 +351,14 @@ impl Driver {
 
     /// [`Driver::abort`]; `alone`: the last record was sent alone (its refusal is its own).
     fn abort_with(&mut self, reason: AbortReason, alone: bool) -> Result<(), Error> {
-        if !matches!(self.state, State::Open(_)) {
-            return Ok(());
-        }
-        self.state = State::RewindOwed;
+        let unit = match std::mem::replace(&mut self.state, State::RewindOwed) {
+            State::Open(unit) => unit,
+            other => {
+                self.state = other;
+                return Ok(());
+            }
+        };
+        self.keep_unresolved(unit);
         self.failures += 1;
         let result = self.sink.abort(reason, &self.bounds);
         // A unit that failed for want of a permission fails again after any retry: stop,
@@ -369,7 +400,10 @@ impl Driver {
         }
     }
 
-    fn aborted_event(&self, reason: AbortReason, ended: Ended) {
+    fn aborted_event(&mut self, reason: AbortReason, ended: Ended) {
+        if self.defer(reason, ended) {
+            return;
+        }
         TransactionAborted { reason, ended }.emit(&self.metrics);
     }
 

@@ -39,6 +39,8 @@ impl Driver {
                         rejections: Rejections::default(),
                         failures: 0,
                         commits: 0,
+                        on_commit: None,
+                        unresolved: None,
                         fatal: None,
                         metrics,
                         shutdown,

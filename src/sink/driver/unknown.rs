@@ -1,0 +1,95 @@
+//! A commit whose outcome was unknown (a timeout on EndTxn): the unit is set aside, not counted
+//! as aborted, until the rewind has read what the sink committed. If the committed offsets are
+//! the ones the commit sent, it committed: its records, outputs and latencies count as any
+//! committed unit's; otherwise it is counted as the abort it was.
+
+use std::time::Instant;
+
+use tracing::info;
+
+use super::Driver;
+use crate::events::{self, AbortReason, Ended, Occasion, TransactionAborted};
+use crate::kafka::Tp;
+use crate::sink::{Committed, Unit};
+
+/// The unit of a commit whose outcome was unknown.
+pub(super) struct Unresolved {
+    /// What the commit sent: set before the abort, with the unit once the abort takes it.
+    offsets: Vec<(Tp, i64)>,
+    started: Instant,
+    unit: Option<Unit>,
+    /// How the abort ended, should it turn out to be one.
+    ended: Option<Ended>,
+}
+
+impl Driver {
+    /// The commit of `offsets` begun at `started` had an unknown outcome: the abort that
+    /// follows keeps its unit (`keep_unresolved`) instead of counting it.
+    pub(super) fn set_aside(&mut self, offsets: Vec<(Tp, i64)>, started: Instant) {
+        self.unresolved = Some(Unresolved {
+            offsets,
+            started,
+            unit: None,
+            ended: None,
+        });
+    }
+
+    /// The aborted unit, kept if its commit's outcome is unknown.
+    pub(super) fn keep_unresolved(&mut self, unit: Unit) {
+        if let Some(u) = &mut self.unresolved
+            && u.unit.is_none()
+        {
+            u.unit = Some(unit);
+        }
+    }
+
+    /// Whether an abort of `reason` is counted later (its commit's outcome is unknown); then
+    /// how it `ended` is kept for that.
+    pub(super) fn defer(&mut self, reason: AbortReason, ended: Ended) -> bool {
+        match &mut self.unresolved {
+            Some(u) if reason == AbortReason::CommitOutcomeUnknown && u.unit.is_some() => {
+                u.ended.get_or_insert(ended);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The rewind read what is `committed`: an unknown outcome is known now, and counted.
+    pub fn resolve(&mut self, committed: &Committed) {
+        let Some(Unresolved {
+            offsets,
+            started,
+            unit: Some(unit),
+            ended,
+        }) = self.unresolved.take()
+        else {
+            return;
+        };
+        let did = offsets
+            .iter()
+            .all(|(tp, o)| committed.iter().any(|(c, v)| c == tp && *v == Some(*o)));
+        if did {
+            info!(
+                records = unit.records(),
+                "a commit whose outcome was unknown had committed"
+            );
+            if let super::Outcome::Committed { records } = self.count_commit(unit, offsets, started)
+            {
+                events::committed(records, Occasion::Bound);
+            }
+            return;
+        }
+        TransactionAborted {
+            reason: AbortReason::CommitOutcomeUnknown,
+            ended: ended.unwrap_or(Ended::Aborted),
+        }
+        .emit(&self.metrics);
+    }
+
+    /// Nothing can tell any more (the consumer is replaced, the process stops): an unknown
+    /// outcome is counted as the abort it may have been.
+    pub fn forget_unresolved(&mut self) {
+        self.resolve(&Vec::new());
+    }
+}
