@@ -31,6 +31,36 @@ pub struct Outgoing<'a> {
 pub const RECORD_OVERHEAD: usize = 5 + 1 + 10 + 5 + 5 + 5 + 5;
 
 impl Outgoing<'_> {
+    /// A cheap fingerprint of this record sent to `topic`: its topic, the sizes of key and
+    /// value and their first and last bytes. A verdict on refused outputs holds for outputs of
+    /// the same fingerprint only: an application that answers differently is judged afresh.
+    pub fn fingerprint(&self, topic: &str) -> u64 {
+        fn mix(h: u64, x: u64) -> u64 {
+            (h ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29)
+        }
+        fn word(b: &[u8]) -> u64 {
+            let mut w = [0u8; 8];
+            let n = b.len().min(8);
+            w[..n].copy_from_slice(&b[..n]);
+            u64::from_le_bytes(w)
+        }
+        fn ends(h: u64, b: Option<&[u8]>) -> u64 {
+            let Some(b) = b else {
+                return mix(h, u64::MAX);
+            };
+            let tail = &b[b.len().saturating_sub(16)..];
+            let h = mix(mix(h, b.len() as u64), word(b));
+            let h = mix(h, word(b.get(8..).unwrap_or_default()));
+            mix(mix(h, word(tail)), word(tail.get(8..).unwrap_or_default()))
+        }
+        let mut h = mix(0, topic.len() as u64);
+        for chunk in topic.as_bytes().chunks(8) {
+            h = mix(h, word(chunk));
+        }
+        let h = ends(h, self.key.as_deref());
+        ends(h, self.value.as_deref())
+    }
+
     /// What librdkafka counts against message.max.bytes: a record is refused when this is
     /// larger than the limit (`rd_kafka_msg_new0`).
     pub fn size(&self) -> usize {
@@ -180,6 +210,29 @@ mod tests {
             max_outputs: 10,
         };
         crate::transform::new(&TransformSpec::Passthrough, limits).unwrap()
+    }
+
+    #[test]
+    fn fingerprints_tell_other_outputs_apart() {
+        let out = |key: Option<&'static [u8]>, value: Option<&'static [u8]>| Outgoing {
+            topic: None,
+            key: key.map(Cow::Borrowed),
+            value: value.map(Cow::Borrowed),
+            headers: OwnedHeaders::new(),
+        };
+        let a = out(Some(b"k"), Some(b"a value of some length, 1"));
+        let fp = a.fingerprint("out");
+        assert_eq!(fp, a.clone().fingerprint("out"));
+        for other in [
+            out(Some(b"k"), Some(b"a value of some length, 2")),
+            out(Some(b"k"), Some(b"B value of some length, 1")),
+            out(Some(b"j"), Some(b"a value of some length, 1")),
+            out(None, Some(b"a value of some length, 1")),
+            out(Some(b"k"), None),
+        ] {
+            assert_ne!(fp, other.fingerprint("out"));
+        }
+        assert_ne!(fp, a.fingerprint("out2"));
     }
 
     #[test]

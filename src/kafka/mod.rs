@@ -15,8 +15,10 @@
 //!
 //! A leaf: nothing here knows the rest of exactly. The librdkafka calls rust-rdkafka does not
 //! offer live behind small safe wrappers: [`produce`] (through topic handles), [`raw_headers`]
-//! (header names as bytes) and [`flush`].
+//! (header names as bytes), [`member`] (the group generation an offset commit is fenced by)
+//! and [`flush`].
 
+pub mod member;
 pub mod produce;
 pub mod raw_headers;
 

@@ -340,6 +340,13 @@ impl Group for FakeGroup {
         None
     }
 
+    fn member(&self) -> Option<crate::kafka::member::Member> {
+        Some(crate::kafka::member::Member {
+            generation: 1,
+            id: "fake-member".into(),
+        })
+    }
+
     fn commit_offsets(&self, offsets: &[(Tp, i64)]) -> KafkaResult<()> {
         lock(&self.broker).committed.extend(offsets.iter().cloned());
         Ok(())
@@ -411,6 +418,26 @@ impl Answers {
     pub fn answer(&self, i: usize, ok: bool) {
         let failed = CallError::Unreachable("down".into());
         self.answer_or(i, if ok { None } else { Some(failed) });
+    }
+
+    /// Answers call `i` with one output of `value` for each of its records.
+    pub fn answer_value(&self, i: usize, value: &[u8]) {
+        let calls = self.0.lock().unwrap();
+        let (records, tx) = &calls[i];
+        let output = transform::call::Output {
+            topic: None,
+            key: None,
+            value: Some(value.to_vec()),
+            headers: None,
+        };
+        let answers = records
+            .iter()
+            .map(|_| Answer::Outputs(vec![output.clone()]))
+            .collect();
+        let _ = tx.send(Called {
+            answers: Ok(answers),
+            took: Duration::ZERO,
+        });
     }
 
     /// Answers call `i` as [`Answers::answer`] does, or fails it with `error`.

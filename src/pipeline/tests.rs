@@ -262,6 +262,26 @@ fn a_refused_record_goes_to_the_dead_letter_topic_on_its_replay_and_the_rest_onc
 }
 
 #[test]
+fn an_application_that_answers_differently_on_the_replay_is_judged_afresh() {
+    let app = Answers::default();
+    let mut core = Core::staged(every(1), calls_of(1), &app);
+    core.broker().fill(("in", 0), 0, 1, &[]);
+    core.broker().refuse = Some(b"poison".to_vec());
+    core.assign(("in", 0), 0);
+    core.turn(); // in/0@0 out to the application
+    app.answer_value(0, b"poison, too large for the topic");
+    core.turn(); // refused: the unit aborts, the verdict is learned
+    core.turn(); // the rewind; in/0@0 read again and sent again
+    core.turn();
+    assert_eq!(app.calls(), 2, "{:?}", core.broker().calls);
+    app.answer_value(1, b"a smaller answer");
+    core.run(10);
+    let b = core.broker();
+    assert_eq!(b.lineages("out"), lineages(&[(0, 0)]));
+    assert!(b.lineages("out.dlq").is_empty());
+}
+
+#[test]
 fn shutdown_commits_what_was_answered_within_the_grace() {
     let (app, mut core) = two_calls_out();
     app.answer(0, true); // the second call is never answered

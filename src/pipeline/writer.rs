@@ -87,6 +87,7 @@ impl Writer {
             Err(Failure::BadRecord(e)) => Err(e),
             Err(Failure::Unavailable(why)) => return self.unavailable(&why),
         };
+        let verdict = verdict.and_then(|v| self.still_holds(v, &result));
         if self.unavailable {
             self.unavailable = false;
             // Not ready again from the moment shutdown began.
@@ -114,6 +115,23 @@ impl Writer {
             }
         };
         self.count(input, sent)
+    }
+
+    /// A verdict on refused outputs holds for the same outputs only: an application that
+    /// answers differently now (it need not be deterministic) is judged afresh.
+    fn still_holds(
+        &self,
+        (verdict, fingerprint): (Verdict, u64),
+        result: &Result<Vec<Outgoing<'_>>, TransformError>,
+    ) -> Option<Verdict> {
+        let Ok(outputs) = result else {
+            return Some(verdict);
+        };
+        let same = outputs.iter().any(|o| {
+            let topic = o.topic.as_deref().unwrap_or(&self.policy.output_topic);
+            o.fingerprint(topic) == fingerprint
+        });
+        (verdict.copy() != Form::Output || same).then_some(verdict)
     }
 
     /// Counts `input` into the open unit once everything of it was sent.
@@ -208,6 +226,10 @@ impl Writer {
         for mut o in outputs {
             let routed = o.topic.take();
             let topic = routed.as_deref().unwrap_or(&self.policy.output_topic);
+            let source = Source {
+                fingerprint: o.fingerprint(topic),
+                ..source
+            };
             self.driver
                 .send(topic, &mut o, input.timestamp, source, alone)?;
             self.counters.produced(&self.metrics, topic).inc();
@@ -277,5 +299,6 @@ fn source<'a>(input: &InputRecord<'a>, copy: Form) -> Source<'a> {
         partition: input.partition,
         offset: input.offset,
         copy,
+        fingerprint: 0,
     }
 }

@@ -158,8 +158,9 @@ impl Driver {
         self.on_commit = Some(Box::new(f));
     }
 
-    /// What the destination said about an input whose records it refused.
-    pub fn verdict(&self, topic: &str, partition: i32, offset: i64) -> Option<Verdict> {
+    /// What the destination said about an input whose records it refused, and the
+    /// fingerprint of the output it refused.
+    pub fn verdict(&self, topic: &str, partition: i32, offset: i64) -> Option<(Verdict, u64)> {
         self.rejections.verdict(topic, partition, offset)
     }
 

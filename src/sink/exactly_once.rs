@@ -96,8 +96,14 @@ impl Sink for ExactlyOnce {
         group: &dyn Group,
         bounds: &Bounds,
     ) -> Result<(), Failed> {
-        let Some(gm) = group.metadata() else {
-            warn!("no group metadata to commit with; aborting");
+        // A commit without a generation or member id is not fenced by the group: a member that
+        // lost its partitions could commit theirs.
+        let member = group.member();
+        let (Some(gm), true) = (
+            group.metadata(),
+            member.as_ref().is_some_and(|m| m.joined()),
+        ) else {
+            warn!(?member, "no group membership to commit with; aborting");
             return Err(Failed::Abort(AbortReason::NoGroupMetadata));
         };
         let offsets = kafka::offset_list(offsets)

@@ -249,6 +249,8 @@ pub struct Record<'a, 'b> {
 pub trait Group {
     /// The group's generation, for a transactional offset commit (`None` before joining).
     fn metadata(&self) -> Option<rdkafka::consumer::ConsumerGroupMetadata>;
+    /// This member's generation and id now (`None`: not known).
+    fn member(&self) -> Option<kafka::member::Member>;
     /// Commits `offsets` outside any transaction.
     fn commit_offsets(&self, offsets: &[(Tp, i64)]) -> KafkaResult<()>;
     /// The group's committed offsets of `partitions` (`None`: nothing committed).
@@ -274,6 +276,10 @@ pub enum SeekFailed {
 impl<X: ConsumerContext> Group for BaseConsumer<X> {
     fn metadata(&self) -> Option<rdkafka::consumer::ConsumerGroupMetadata> {
         self.group_metadata()
+    }
+
+    fn member(&self) -> Option<kafka::member::Member> {
+        kafka::member::of(self.client())
     }
 
     fn commit_offsets(&self, offsets: &[(Tp, i64)]) -> KafkaResult<()> {

@@ -62,6 +62,8 @@ pub struct Source<'a> {
     pub offset: i64,
     /// Which copy was sent.
     pub copy: Form,
+    /// The sent record's fingerprint (`Outgoing::fingerprint`), when it is an output.
+    pub fingerprint: u64,
 }
 
 /// The sources of everything the open transaction has sent, by delivery opaque. An opaque is
@@ -71,7 +73,7 @@ pub struct Source<'a> {
 pub struct SentLog {
     /// Input topics, so an entry stores an index instead of a name.
     topics: Vec<String>,
-    sent: Vec<(u32, i32, i64, Form)>,
+    sent: Vec<(u32, i32, i64, Form, u64)>,
     generation: u32,
 }
 
@@ -86,7 +88,8 @@ impl SentLog {
                 self.topics.len() - 1
             }
         };
-        self.sent.push((t as u32, s.partition, s.offset, s.copy));
+        self.sent
+            .push((t as u32, s.partition, s.offset, s.copy, s.fingerprint));
         ((self.generation as usize) << 32) | (self.sent.len() - 1)
     }
 
@@ -95,12 +98,13 @@ impl SentLog {
         if opaque >> 32 != self.generation as usize {
             return None;
         }
-        let &(t, partition, offset, copy) = self.sent.get(opaque & 0xffff_ffff)?;
+        let &(t, partition, offset, copy, fingerprint) = self.sent.get(opaque & 0xffff_ffff)?;
         Some(Source {
             topic: self.topics.get(t as usize)?,
             partition,
             offset,
             copy,
+            fingerprint,
         })
     }
 
@@ -132,15 +136,33 @@ pub enum Verdict {
     },
 }
 
-/// Verdicts by input position, kept until the position is committed.
+impl Verdict {
+    /// The copy that was refused.
+    pub fn copy(&self) -> Form {
+        match self {
+            Verdict::Suspect { copy, .. } | Verdict::Rejected { copy, .. } => *copy,
+        }
+    }
+}
+
+/// Verdicts by input position, kept until the position is committed, each with the
+/// fingerprint of the output it is about (when it is about an output).
 #[derive(Debug, Default)]
 pub struct Verdicts {
-    by_topic: HashMap<String, HashMap<(i32, i64), Verdict>>,
+    by_topic: HashMap<String, HashMap<(i32, i64), Fingerprinted>>,
 }
+
+/// A verdict and the fingerprint of the output it is about.
+type Fingerprinted = (Verdict, u64);
 
 impl Verdicts {
     /// The verdict on an input, if there is one. Cheap when there are none (the usual case).
     pub fn get(&self, topic: &str, partition: i32, offset: i64) -> Option<Verdict> {
+        self.get_with(topic, partition, offset).map(|(v, _)| v)
+    }
+
+    /// The verdict on an input and the fingerprint of the output it was about.
+    pub fn get_with(&self, topic: &str, partition: i32, offset: i64) -> Option<(Verdict, u64)> {
         if self.by_topic.is_empty() {
             return None;
         }
@@ -162,25 +184,34 @@ impl Verdicts {
         let certain = alone || rejected.len() == 1 || (one_input && named);
         let mut changed = false;
         for &(s, r) in rejected {
-            let known = self.get(s.topic, s.partition, s.offset);
+            let known = self.get_with(s.topic, s.partition, s.offset);
             let v = match known {
-                _ if certain => Verdict::Rejected {
-                    error: r.error,
-                    copy: s.copy,
-                    alone: false,
-                },
+                _ if certain => (
+                    Verdict::Rejected {
+                        error: r.error,
+                        copy: s.copy,
+                        alone: false,
+                    },
+                    s.fingerprint,
+                ),
                 // Rejected before; now its next form was refused together with others.
-                Some(Verdict::Rejected { error, copy, .. }) => Verdict::Rejected {
-                    error,
-                    copy,
-                    alone: true,
-                },
-                _ => Verdict::Suspect {
-                    error: r.error,
-                    copy: s.copy,
-                },
+                Some((Verdict::Rejected { error, copy, .. }, fingerprint)) => (
+                    Verdict::Rejected {
+                        error,
+                        copy,
+                        alone: true,
+                    },
+                    fingerprint,
+                ),
+                _ => (
+                    Verdict::Suspect {
+                        error: r.error,
+                        copy: s.copy,
+                    },
+                    s.fingerprint,
+                ),
             };
-            changed |= known != Some(v);
+            changed |= known.map(|(k, _)| k) != Some(v.0);
             self.set(s.topic, s.partition, s.offset, v);
         }
         changed
@@ -206,7 +237,7 @@ impl Verdicts {
         }
     }
 
-    fn set(&mut self, topic: &str, partition: i32, offset: i64, v: Verdict) {
+    fn set(&mut self, topic: &str, partition: i32, offset: i64, v: (Verdict, u64)) {
         self.by_topic
             .entry(topic.to_string())
             .or_default()
@@ -232,9 +263,10 @@ impl Rejections {
         self.sent.clear();
     }
 
-    /// The verdict on an input, if there is one.
-    pub fn verdict(&self, topic: &str, partition: i32, offset: i64) -> Option<Verdict> {
-        self.verdicts.get(topic, partition, offset)
+    /// The verdict on an input, if there is one, and the fingerprint of the output it is
+    /// about.
+    pub fn verdict(&self, topic: &str, partition: i32, offset: i64) -> Option<(Verdict, u64)> {
+        self.verdicts.get_with(topic, partition, offset)
     }
 
     /// A suspect whose records all went through alone is innocent.
@@ -305,6 +337,7 @@ mod tests {
             partition,
             offset,
             copy,
+            fingerprint: 0,
         }
     }
 
