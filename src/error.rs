@@ -207,6 +207,13 @@ pub fn rejected_record(code: Code) -> Option<&'static str> {
     })
 }
 
+/// Whether an error says a call (or a request inside it) timed out.
+pub fn timed_out(facts: &Facts) -> bool {
+    facts
+        .code
+        .is_some_and(|c| TIMEOUT.contains(&c) || c == Code::MessageTimedOut)
+}
+
 /// Decides what a failed `call` means. The order of the checks is the policy.
 pub fn classify(call: KafkaCall, facts: &Facts) -> Action {
     let is = |set: &[Code]| facts.code.is_some_and(|c| set.contains(&c));

@@ -55,11 +55,14 @@ pub enum AbortReason {
     /// The transform cannot work right now (a service it calls is down): the records come
     /// again after a back-off.
     TransformUnavailable,
+    /// A transactional request of the producer timed out: it is replaced before the next
+    /// transaction, whose epoch no late copy of that request can reach.
+    RequestTimedOut,
 }
 
 impl AbortReason {
     /// Every reason, so the counters start at 0 for each.
-    pub const ALL: [AbortReason; 19] = {
+    pub const ALL: [AbortReason; 20] = {
         use AbortReason::*;
         [
             PartitionsLost,
@@ -81,6 +84,7 @@ impl AbortReason {
             OffsetCommitFailed,
             RecordRejected,
             TransformUnavailable,
+            RequestTimedOut,
         ]
     };
 
@@ -107,6 +111,7 @@ impl AbortReason {
             OffsetCommitFailed => "offset_commit_failed",
             RecordRejected => "record_rejected",
             TransformUnavailable => "transform_unavailable",
+            RequestTimedOut => "request_timed_out",
         }
     }
 }

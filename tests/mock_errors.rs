@@ -344,4 +344,61 @@ fn a_commit_slower_than_its_timeout_is_never_retried_blindly() {
             .any(|m| m == "rewound to the committed offsets"),
         "{log:#?}"
     );
+    // The EndTxn may still land: no transaction runs on that producer's epoch any more.
+    let recreated = after.iter().position(|m| m == "producer recreated");
+    let next_commit = after.iter().position(|m| m == "transaction committed");
+    assert!(
+        recreated.is_some_and(|r| next_commit.is_none_or(|c| r < c)),
+        "{log:#?}"
+    );
+}
+
+#[test]
+fn a_timed_out_produce_request_means_a_new_producer_before_the_next_transaction() {
+    let mut m = Mock::new();
+    m.write(10);
+    let ex = m.start(&[
+        "--transaction-timeout",
+        "10s",
+        "--producer-config",
+        "socket.timeout.ms=1500",
+    ]);
+    m.wait_all_committed(&ex, Duration::from_secs(60));
+    ex.signal(Signal::SIGSTOP);
+    m.write(10);
+    // exactly's next produce request is answered after its request timeout.
+    m.delay_next(Api::Produce, Duration::from_secs(4));
+    ex.signal(Signal::SIGCONT);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count(&ex, "librdkafka: REQTMOUT") == 0 {
+        assert!(Instant::now() < deadline, "{}", ex.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The next transaction, when records come.
+    m.write(10);
+    while !ex
+        .events("producer recreated")
+        .iter()
+        .any(|e| e["reason"] == "request_timed_out")
+    {
+        assert!(Instant::now() < deadline, "{}", ex.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    m.wait_all_committed(&ex, Duration::from_secs(60));
+    let log = messages(&ex);
+    let timed_out = log
+        .iter()
+        .position(|m| m.contains("REQTMOUT") && m.contains("ProduceRequest"))
+        .expect("librdkafka's request timeout");
+    let recreated = timed_out
+        + log[timed_out..]
+            .iter()
+            .position(|m| m == "producer recreated")
+            .unwrap();
+    // At most the transaction the request was of ends on that producer; none begins.
+    let ended = log[timed_out..recreated]
+        .iter()
+        .filter(|m| *m == "transaction committed" || *m == "transaction aborted")
+        .count();
+    assert!(ended <= 1, "{log:#?}");
 }

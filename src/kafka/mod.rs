@@ -128,6 +128,24 @@ pub fn denied(facility: &str, message: &str) -> bool {
     facility == "TXNERR" && message.contains("_AUTHORIZATION_FAILED)")
 }
 
+/// Whether a line of librdkafka's log says that a request of a transaction timed out on its
+/// way to a broker (`REQTMOUT`, "Timed out ProduceRequest …"): the request may still land
+/// later, in whatever transaction the producer runs then.
+pub fn timed_out_txn_request(facility: &str, message: &str) -> bool {
+    const TRANSACTIONAL: [&str; 5] = [
+        "Produce",
+        "AddPartitionsToTxn",
+        "AddOffsetsToTxn",
+        "TxnOffsetCommit",
+        "EndTxn",
+    ];
+    facility == "REQTMOUT"
+        && message
+            .split_once("Timed out ")
+            .and_then(|(_, m)| m.split_once("Request"))
+            .is_some_and(|(api, _)| TRANSACTIONAL.contains(&api))
+}
+
 /// Whether an error of the client's connection means the cluster refuses it, which no
 /// reconnect changes: authentication failed, the TLS handshake failed, or the broker ended
 /// TLS with an alert (TLS 1.3 rejects a client certificate after the client's side of the
@@ -678,6 +696,38 @@ mod tests {
         });
         assert_eq!(audit.get("enable.partition.eof"), Some("true"));
         assert_eq!(audit.get("isolation.level"), Some("read_committed"));
+    }
+
+    #[test]
+    fn timed_out_transactional_requests_are_told_from_others() {
+        for (line, txn) in [
+            (
+                "Timed out ProduceRequest in flight (after 2001ms, timeout #0)",
+                true,
+            ),
+            (
+                "Timed out EndTxnRequest in flight (after 5000ms, timeout #0)",
+                true,
+            ),
+            (
+                "Timed out AddPartitionsToTxnRequest in flight (after 1ms, timeout #1)",
+                true,
+            ),
+            (
+                "Timed out MetadataRequest in flight (after 1ms, timeout #0)",
+                false,
+            ),
+            (
+                "Timed out 1 in-flight, 0 retry-queued, 0 out-queue, 0 partially-sent requests",
+                false,
+            ),
+        ] {
+            assert_eq!(timed_out_txn_request("REQTMOUT", line), txn, "{line}");
+        }
+        assert!(!timed_out_txn_request(
+            "FAIL",
+            "Timed out ProduceRequest in flight"
+        ));
     }
 
     #[test]

@@ -32,6 +32,8 @@ use crate::transform::{self, InputRecord, Limits, OwnedRecord};
 /// What the sink was asked to do, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Call {
+    /// A new client.
+    Connect,
     Begin,
     /// A record to `topic` for the input of `lineage` (`topic/partition/offset/index`).
     Send {
@@ -75,6 +77,8 @@ pub struct Broker {
     /// The group's committed offsets cannot be read (librdkafka's mock cluster: it takes
     /// transactional offset commits but does not answer OffsetFetch with them).
     pub hide_committed: bool,
+    /// A request of the client timed out (until the next connect).
+    pub stale: bool,
     /// Outputs (not DLQ records) whose value holds this are refused for what they are.
     pub refuse: Option<Vec<u8>>,
     refused: Vec<Rejection>,
@@ -153,7 +157,14 @@ pub struct FakeSink(pub Shared);
 
 impl Sink for FakeSink {
     fn connect(&mut self, _: &Bounds) -> Result<(), NotConnected> {
+        let mut b = lock(&self.0);
+        b.stale = false;
+        b.calls.push(Call::Connect);
         Ok(())
+    }
+
+    fn stale(&self) -> bool {
+        lock(&self.0).stale
     }
 
     fn begin(&mut self, _: &Bounds) -> Result<(), Failed> {

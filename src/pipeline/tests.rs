@@ -282,6 +282,38 @@ fn an_application_that_answers_differently_on_the_replay_is_judged_afresh() {
 }
 
 #[test]
+fn no_unit_begins_on_a_client_whose_request_timed_out() {
+    let mut core = Core::direct(every(1));
+    core.broker().fill(("in", 0), 0, 2, &[]);
+    core.assign(("in", 0), 0);
+    core.turn(); // record 0 committed
+    core.broker().stale = true; // a request of that transaction timed out meanwhile
+    core.turn(); // record 1
+    let b = core.broker();
+    let first = b
+        .calls
+        .iter()
+        .position(|c| matches!(c, Call::Commit(_)))
+        .unwrap();
+    let send = |o| Call::Send {
+        topic: "out".into(),
+        lineage: format!("in/0/{o}/0"),
+    };
+    assert_eq!(
+        b.calls[first + 1..],
+        [
+            Call::Connect,
+            Call::Begin,
+            send(1),
+            Call::Commit(vec![(tp(0), 2)])
+        ]
+    );
+    let recreated = r#"exactly_producer_recreations_total{reason="request_timed_out"}"#;
+    drop(b);
+    assert_eq!(sample(&core, recreated).as_deref(), Some("1"));
+}
+
+#[test]
 fn shutdown_commits_what_was_answered_within_the_grace() {
     let (app, mut core) = two_calls_out();
     app.answer(0, true); // the second call is never answered

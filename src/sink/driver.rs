@@ -176,6 +176,10 @@ impl Driver {
             State::RewindOwed => return Ok(Began::RewindOwed),
             State::Idle => {}
         }
+        if self.sink.stale() {
+            // A late copy of a timed-out request could land in this unit: a new epoch first.
+            self.renew(AbortReason::RequestTimedOut)?;
+        }
         self.rejections.new_unit();
         let reason = match self.sink.begin(&self.bounds) {
             Ok(()) => {

@@ -89,6 +89,10 @@ impl Sink for ExactlyOnce {
         self.p().denied()
     }
 
+    fn stale(&self) -> bool {
+        self.p().stale()
+    }
+
     /// Offsets first, then EndTxn.
     fn commit(
         &mut self,
@@ -113,6 +117,7 @@ impl Sink for ExactlyOnce {
             p.inner().send_offsets_to_transaction(&offsets, &gm, t)
         });
         if let Err((action, e)) = sent {
+            stale_if_timed_out(p, &e);
             return Err(match action {
                 Action::Exit => Failed::exit("sending offsets", e),
                 Action::RecreateProducer | Action::UnknownOutcome => {
@@ -134,6 +139,7 @@ impl Sink for ExactlyOnce {
             p.flush(bounds.timeout())
         };
         if let Err(e) = flushed {
+            stale_if_timed_out(p, &e);
             return Err(match classify(KafkaCall::Commit, &Facts::of(&e)) {
                 Action::Exit => Failed::exit("flushing before the commit", e),
                 Action::RecreateProducer => {
@@ -152,6 +158,7 @@ impl Sink for ExactlyOnce {
         let Err((action, e)) = committed else {
             return Ok(());
         };
+        stale_if_timed_out(p, &e);
         Err(match action {
             Action::Exit => Failed::exit("committing", e),
             Action::Abort => {
@@ -201,5 +208,14 @@ impl Sink for ExactlyOnce {
 
     fn exists(&self, name: &str, timeout: Duration) -> Result<bool, String> {
         self.p().topic_exists(name, timeout)
+    }
+}
+
+/// A transactional call that timed out may still reach the coordinator later: the producer
+/// must not run another transaction on its epoch (see `Sink::stale`).
+fn stale_if_timed_out(p: &TrackedProducer, e: &rdkafka::error::KafkaError) {
+    if crate::error::timed_out(&Facts::of(e)) {
+        warn!(error = %e, "a transactional request timed out; the producer is replaced before the next transaction");
+        p.timed_out();
     }
 }

@@ -86,6 +86,10 @@ impl Sink for Faults {
         self.inner.denied()
     }
 
+    fn stale(&self) -> bool {
+        self.inner.stale()
+    }
+
     fn commit(
         &mut self,
         offsets: &[(Tp, i64)],

@@ -78,6 +78,12 @@ pub trait Sink: Send {
     fn denied(&self) -> Option<String> {
         None
     }
+    /// A request of this client timed out: a late copy of it could still land in a later
+    /// unit (Kafka before KIP-890 fences by epoch only), so no unit may begin on it: the
+    /// driver replaces it first.
+    fn stale(&self) -> bool {
+        false
+    }
     /// Makes the open unit's records and the group's `offsets` (the next offset to read, per
     /// partition) durable.
     fn commit(

@@ -1,7 +1,7 @@
 //! The librdkafka producer both Kafka sinks send through: delivery reports, the rejections
 //! among them, a send that waits while the local queue is full, and the flush.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -102,6 +102,8 @@ pub struct DeliveryContext {
     failed: AtomicU64,
     /// Each delivery rejected for the record's own fault.
     rejections: Mutex<Vec<Rejection>>,
+    /// A request of this producer's transactions timed out (see `Sink::stale`).
+    stale: AtomicBool,
 }
 
 impl ClientContext for DeliveryContext {
@@ -114,6 +116,9 @@ impl ClientContext for DeliveryContext {
     fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
         if crate::kafka::denied(facility, message) {
             *self.denial.lock().unwrap_or_else(|p| p.into_inner()) = Some(message.to_string());
+        }
+        if crate::kafka::timed_out_txn_request(facility, message) {
+            self.stale.store(true, Ordering::SeqCst);
         }
         // As rust-rdkafka's default callback logs them, under its target.
         match level {
@@ -144,6 +149,9 @@ impl ProducerContext for DeliveryContext {
             debug!(error = %e, "delivery failed; the batch will not commit");
             self.failed.fetch_add(1, Ordering::SeqCst);
             let code = e.rdkafka_error_code();
+            if code.is_some_and(timed_out) {
+                self.stale.store(true, Ordering::SeqCst);
+            }
             if let Some(error) = code.and_then(rejected_record) {
                 let named = code == Some(RDKafkaErrorCode::InvalidRecord);
                 self.rejections
@@ -172,6 +180,7 @@ impl TrackedProducer {
             pending: AtomicU64::default(),
             failed: AtomicU64::default(),
             rejections: Mutex::default(),
+            stale: AtomicBool::new(false),
         };
         let inner: ThreadedProducer<DeliveryContext> = config.create_with_context(context)?;
         Ok(TrackedProducer(crate::kafka::produce::HandleProducer::new(
@@ -310,6 +319,16 @@ impl TrackedProducer {
         std::mem::take(&mut *ctx.rejections.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
+    /// A request of this producer's transactions timed out (see `Sink::stale`).
+    pub fn stale(&self) -> bool {
+        self.inner().context().stale.load(Ordering::SeqCst)
+    }
+
+    /// A transactional call of this producer timed out.
+    pub fn timed_out(&self) {
+        self.inner().context().stale.store(true, Ordering::SeqCst);
+    }
+
     /// Why a transaction of this producer failed for want of a permission, if one did.
     pub fn denied(&self) -> Option<String> {
         let ctx = self.inner().context();
@@ -345,4 +364,15 @@ impl TrackedProducer {
             Some(_) => Ok(false),
         }
     }
+}
+
+/// Whether `code` says a request or a record timed out.
+fn timed_out(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::MessageTimedOut
+            | RDKafkaErrorCode::RequestTimedOut
+            | RDKafkaErrorCode::OperationTimedOut
+            | RDKafkaErrorCode::TimedOutQueue
+    )
 }

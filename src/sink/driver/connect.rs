@@ -79,6 +79,18 @@ impl Driver {
         self.state = State::RewindOwed;
         // The old producer's reports die with it.
         self.learn(false);
+        self.reconnect(reason)
+    }
+
+    /// A new client in place of the old, between units: nothing is open, nothing owed.
+    pub(super) fn renew(&mut self, reason: AbortReason) -> Result<(), Error> {
+        debug_assert!(matches!(self.state, State::Idle));
+        self.learn(false);
+        self.reconnect(reason)
+    }
+
+    /// Connects a new client until it works, backing off while failures repeat.
+    fn reconnect(&mut self, reason: AbortReason) -> Result<(), Error> {
         let mut attempt = 0u32;
         loop {
             if self.shutdown.is_cancelled() {
