@@ -214,6 +214,19 @@ pub fn timed_out(facts: &Facts) -> bool {
         .is_some_and(|c| TIMEOUT.contains(&c) || c == Code::MessageTimedOut)
 }
 
+/// Kafka's name for a code that says the *destination* refuses a record for what it is not:
+/// the topic does not exist, or may not be written. Not the record's fault at first (the topic
+/// may be created, the permission granted); see `sink::routes`.
+pub fn refused_route(code: Code) -> Option<&'static str> {
+    Some(match code {
+        Code::UnknownTopic | Code::UnknownTopicOrPartition | Code::UnknownPartition => {
+            "UNKNOWN_TOPIC_OR_PARTITION"
+        }
+        Code::TopicAuthorizationFailed => "TOPIC_AUTHORIZATION_FAILED",
+        _ => return None,
+    })
+}
+
 /// Decides what a failed `call` means. The order of the checks is the policy.
 pub fn classify(call: KafkaCall, facts: &Facts) -> Action {
     let is = |set: &[Code]| facts.code.is_some_and(|c| set.contains(&c));

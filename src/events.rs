@@ -58,11 +58,13 @@ pub enum AbortReason {
     /// A transactional request of the producer timed out: it is replaced before the next
     /// transaction, whose epoch no late copy of that request can reach.
     RequestTimedOut,
+    /// A record's output went to a topic that does not exist or may not be written.
+    RouteRefused,
 }
 
 impl AbortReason {
     /// Every reason, so the counters start at 0 for each.
-    pub const ALL: [AbortReason; 20] = {
+    pub const ALL: [AbortReason; 21] = {
         use AbortReason::*;
         [
             PartitionsLost,
@@ -85,6 +87,7 @@ impl AbortReason {
             RecordRejected,
             TransformUnavailable,
             RequestTimedOut,
+            RouteRefused,
         ]
     };
 
@@ -112,6 +115,7 @@ impl AbortReason {
             RecordRejected => "record_rejected",
             TransformUnavailable => "transform_unavailable",
             RequestTimedOut => "request_timed_out",
+            RouteRefused => "route_refused",
         }
     }
 }

@@ -29,8 +29,9 @@
 //!   units), the [`sink::Driver`] that turns a sink's failures into aborts and new clients and
 //!   says when a rewind is owed, [`sink::offsets`] (what a commit sends: past transaction
 //!   markers, never past a record not yet applied), [`sink::rejected`] (what the replay of a
-//!   record the broker refused sends instead) and [`sink::faults`] (testing only: failures on
-//!   purpose).
+//!   record the broker refused sends instead), [`sink::routes`] (when a topic routed by the
+//!   record that keeps refusing it becomes the record's fault) and [`sink::faults`] (testing
+//!   only: failures on purpose).
 //! - [`transform`]: the [`transform::Transform`] lifecycle (apply, partitions assigned and
 //!   revoked; a bad record is not an unavailable transform), one file per kind: passthrough,
 //!   jq (jaq); and [`transform::call`], the call-out's wire format, its

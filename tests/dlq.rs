@@ -182,3 +182,141 @@ fn an_unavailable_transform_never_dead_letters_and_each_record_lands_once() {
         "{aborts:?}"
     );
 }
+
+/// Routes a record to `.route` when it has one, else to the output topic.
+const ROUTE: &str = "if .route then {topic: .route, value: .} else {value: .} end";
+
+#[test]
+fn a_record_routed_to_a_missing_topic_goes_to_the_dlq_once_the_route_timeout_passes() {
+    let topics = Topics::create("route", 3, 2);
+    let group = unique("route-g");
+    let missing = unique("route-missing");
+    let inputs: Vec<In> = (0..3_000usize)
+        .map(|i| {
+            let v = if i == 1_500 {
+                json!({"id": i, "route": missing})
+            } else {
+                json!({"id": i})
+            };
+            In::json((i % 3) as i32, &format!("k{i}"), v)
+        })
+        .collect();
+    produce(&topics.input, &inputs);
+
+    let mut args = base_args(&topics, &group, "route-0");
+    args.extend(
+        [
+            "--jq",
+            ROUTE,
+            "--envelope",
+            "--route-timeout",
+            "20s",
+            "--max-records-per-txn",
+            "500",
+        ]
+        .map(String::from),
+    );
+    let started = std::time::Instant::now();
+    let mut ex = Exactly::start(&args);
+    // Held back for the bound (and librdkafka's 30 s to call a topic missing), not for ever.
+    wait_all_committed(&group, &topics.input, Duration::from_secs(150));
+    let took = started.elapsed();
+    assert!(!ex.has_exited(), "exactly stopped: {}", ex.log_text());
+    ex.stop_cleanly();
+
+    let outputs = read_all(&topics.output, "read_committed");
+    let expected = expected_outputs(&topics.input, |v: &Value| {
+        if v["route"].is_string() {
+            vec![]
+        } else {
+            vec![v.clone()]
+        }
+    });
+    assert_eq!(expected.len(), 2_999);
+    assert_exactly_once(&outputs, &expected);
+
+    let dlq = read_all(&topics.dlq, "read_committed");
+    assert_eq!(dlq.len(), 1, "{dlq:#?}");
+    let d = &dlq[0];
+    assert_eq!(d.header(ERROR_REASON).as_deref(), Some("route_refused"));
+    let message = d.header(ERROR_MESSAGE).unwrap_or_default();
+    assert!(message.contains(&missing), "{message}");
+    assert_eq!(d.json()["id"], 1_500);
+    let aborts = ex.events("transaction aborted");
+    assert!(
+        aborts.iter().any(|e| e["reason"] == "route_refused"),
+        "{aborts:?}"
+    );
+    // The audit takes the DLQ copy for the output no replay can say was refused.
+    let b = bootstrap();
+    let (code, report) = audit_json(&[
+        "--bootstrap-servers",
+        &b,
+        "--input-topics",
+        &topics.input,
+        "--output-topic",
+        &topics.output,
+        "--dlq-topic",
+        &topics.dlq,
+        "--group-id",
+        &group,
+        "--jq",
+        ROUTE,
+        "--envelope",
+    ]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["route_refused"], 1, "{report:#}");
+    eprintln!(
+        "route to a missing topic: 2,999 outputs, 1 in the DLQ, all committed after {took:?} \
+         (--route-timeout 20s), {} aborts",
+        aborts.len()
+    );
+}
+
+#[test]
+fn a_topic_created_30_s_late_still_gets_the_records_routed_to_it() {
+    let topics = Topics::create("late", 2, 1);
+    let group = unique("late-g");
+    let late = unique("late-topic");
+    let inputs: Vec<In> = (0..200usize)
+        .map(|i| {
+            let v = if i % 7 == 3 {
+                json!({"id": i, "route": late})
+            } else {
+                json!({"id": i})
+            };
+            In::json((i % 2) as i32, &format!("k{i}"), v)
+        })
+        .collect();
+    produce(&topics.input, &inputs);
+
+    let mut args = base_args(&topics, &group, "late-0");
+    args.extend(["--jq", ROUTE, "--envelope"].map(String::from));
+    let started = std::time::Instant::now();
+    let mut ex = Exactly::start(&args);
+    // Created once exactly has been refused (librdkafka calls a topic missing after 30 s).
+    let refused = "an output's topic refuses it; aborting, rewinding, backing off";
+    ex.wait_log("the route refused", Duration::from_secs(90), |ex| {
+        !ex.events(refused).is_empty()
+    });
+    create_topics(&[(&late, 1)]);
+    let created = started.elapsed();
+    wait_all_committed(&group, &topics.input, Duration::from_secs(150));
+    assert!(!ex.has_exited(), "exactly stopped: {}", ex.log_text());
+    ex.stop_cleanly();
+
+    let routed = read_all(&late, "read_committed");
+    let expected = expected_outputs(&topics.input, |v: &Value| {
+        if v["route"].is_string() {
+            vec![v.clone()]
+        } else {
+            vec![]
+        }
+    });
+    assert_eq!(expected.len(), 29);
+    assert_exactly_once(&routed, &expected);
+    let outputs = read_all(&topics.output, "read_committed");
+    assert_eq!(outputs.len(), 171);
+    assert!(read_all(&topics.dlq, "read_committed").is_empty());
+    eprintln!("a route created {created:?} after the start got its 29 records, none in the DLQ");
+}

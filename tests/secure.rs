@@ -422,6 +422,59 @@ fn each_missing_permission_stops_exactly_naming_it_with_no_partial_output() {
     }
 }
 
+/// An output routed by its record to a topic the principal may not write is the record's
+/// fault once the route has refused for --route-timeout: it goes to the DLQ with
+/// `route_refused`, everything else commits, and exactly keeps running (a missing write on the
+/// output or DLQ topic still stops it, above).
+#[test]
+fn a_route_the_principal_may_not_write_sends_its_record_to_the_dlq_not_exactly_down() {
+    let s = security();
+    // no-dlq-write may write sec-out-* (output and, here, the DLQ) but not sec-dlq-*.
+    let mut topics = secured_topics("denied-route");
+    topics.dlq = unique("sec-out-denied-route-dlq");
+    let denied = unique("sec-dlq-denied-route");
+    create_topics(&[(&topics.dlq, 1), (&denied, 1)]);
+    let mut records = numbered(300, 3);
+    records.push(In::json(1, "routed", serde_json::json!({"route": denied})));
+    produce(&topics.input, &records);
+
+    let group = unique("sec-g");
+    let file = PropertiesFile::new(&user(&s, "no-dlq-write"));
+    let mut run = args(&topics, &group, "denied-route", &s.sasl_ssl, &file);
+    let jq = run.iter().position(|a| a == "--jq").unwrap();
+    run[jq + 1] = "if .route then {topic: .route, value: .} else {value: .} end".into();
+    run.extend(["--envelope", "--route-timeout", "10s"].map(String::from));
+    let mut ex = Exactly::start(&run);
+    ex.wait_log("every record committed", Duration::from_secs(120), |ex| {
+        ex.has_exited() || committed_total(&group, &topics.input) == 301
+    });
+    assert!(!ex.has_exited(), "exactly stopped: {}", ex.log_text());
+    ex.stop_cleanly();
+
+    let expected = expected_outputs(&topics.input, |v: &Value| {
+        if v["route"].is_string() {
+            vec![]
+        } else {
+            vec![v.clone()]
+        }
+    });
+    assert_eq!(expected.len(), 300);
+    assert_exactly_once(&read_all(&topics.output, "read_committed"), &expected);
+    let dlq = read_all(&topics.dlq, "read_committed");
+    assert_eq!(dlq.len(), 1, "{dlq:#?}");
+    assert_eq!(
+        dlq[0].header(ERROR_REASON).as_deref(),
+        Some("route_refused")
+    );
+    let message = dlq[0].header(ERROR_MESSAGE).unwrap_or_default();
+    assert!(
+        message.contains(&denied) && message.contains("AUTHORIZATION"),
+        "{message}"
+    );
+    assert!(read_all(&denied, "read_uncommitted").is_empty());
+    assert_no_secret(&s, "denied-route", &ex.log_text());
+}
+
 #[test]
 fn secrets_stay_out_of_help_errors_and_logs() {
     let s = security();

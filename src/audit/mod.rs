@@ -150,6 +150,10 @@ pub struct Report {
     /// Inputs whose outputs the broker rejected (DLQ reason `rejected_by_broker`): expected in
     /// the DLQ instead of the output, since no replay can tell what a broker will refuse.
     pub rejected_by_broker: usize,
+    /// Inputs whose outputs were routed to a topic that kept refusing them (DLQ reason
+    /// `route_refused`): expected in the DLQ too, since no replay can tell what a cluster
+    /// refused then.
+    pub route_refused: usize,
     /// Outputs read that belong to the audited range.
     pub outputs: usize,
     /// DLQ records read that belong to the audited range.
@@ -219,6 +223,13 @@ impl Report {
             format!(
                 "{} (their DLQ copies stand in for outputs)",
                 self.rejected_by_broker
+            ),
+        );
+        line(
+            "  route refused",
+            format!(
+                "{} (their DLQ copies stand in for outputs)",
+                self.route_refused
             ),
         );
         line("lost", self.lost.to_string());
@@ -349,6 +360,8 @@ pub fn replay_call(
 
 /// The DLQ reason of a record whose output the broker rejected.
 const REJECTED: &str = crate::transform::Reason::RejectedByBroker.as_str();
+/// The DLQ reason of a record whose output's topic kept refusing it.
+const ROUTE_REFUSED: &str = crate::transform::Reason::RouteRefused.as_str();
 
 type Id = (String, i32, i64);
 
@@ -386,15 +399,21 @@ pub fn analyze(
         partitions: history.partitions.clone(),
         ..Report::default()
     };
-    // Inputs the broker refused outputs of: their DLQ copies stand in for the outputs.
-    let rejected: HashSet<Id> = history
-        .dlq
-        .iter()
-        .filter(|d| d.header(headers::ERROR_REASON) == Some(REJECTED.as_bytes()))
-        .filter_map(|d| d.header(LINEAGE).and_then(headers::parse_lineage))
-        .map(|l| (l.0, l.1, l.2))
-        .collect();
+    // Inputs the cluster refused outputs of: their DLQ copies stand in for the outputs.
+    let refused = |reason: &str| -> HashSet<Id> {
+        history
+            .dlq
+            .iter()
+            .filter(|d| d.header(headers::ERROR_REASON) == Some(reason.as_bytes()))
+            .filter_map(|d| d.header(LINEAGE).and_then(headers::parse_lineage))
+            .map(|l| (l.0, l.1, l.2))
+            .collect()
+    };
+    let mut rejected = refused(REJECTED);
     r.rejected_by_broker = rejected.len();
+    let route_refused = refused(ROUTE_REFUSED);
+    r.route_refused = route_refused.len();
+    rejected.extend(route_refused);
     let expected = expect(
         history,
         replay,
@@ -872,6 +891,15 @@ mod tests {
         let r = check(&h);
         assert_eq!(r.anomalies(), 0, "{}", r.summary());
         assert_eq!((r.rejected_by_broker, r.expected_dlq), (1, 2));
+        // So is one whose route kept refusing it.
+        let mut routed = h.clone();
+        routed.dlq[0].headers.pop();
+        routed.dlq[0]
+            .headers
+            .push((headers::ERROR_REASON.into(), Some(ROUTE_REFUSED.into())));
+        let r = check(&routed);
+        assert_eq!(r.anomalies(), 0, "{}", r.summary());
+        assert_eq!((r.route_refused, r.rejected_by_broker), (1, 0));
         // Another reason does not excuse a missing output.
         d.headers.pop();
         let mut h2 = clean();

@@ -97,6 +97,13 @@ pub struct RunArgs {
     #[arg(long, env = "EXACTLY_DLQ_TOPIC", value_name = "TOPIC")]
     pub dlq_topic: Option<String>,
 
+    /// How long an output routed by its record (an envelope's or the application's topic)
+    /// may keep being refused, its topic missing or not writable, before the record is the
+    /// record's fault (--on-error, reason route_refused). Meanwhile transactions abort and
+    /// retry, so a topic created late still gets its records.
+    #[arg(long, env = "EXACTLY_ROUTE_TIMEOUT", value_name = "DURATION", default_value = "2m", value_parser = parse_duration)]
+    pub route_timeout: Duration,
+
     /// Do not add the exactly.lineage header (source topic/partition/offset/index) to outputs.
     #[arg(long, env = "EXACTLY_NO_LINEAGE")]
     pub no_lineage: bool,
@@ -272,6 +279,8 @@ pub struct ErrorPolicy {
     pub on_error: OnError,
     /// Dead-letter topic.
     pub dlq_topic: String,
+    /// How long a route chosen by the record may be refused before that is its fault.
+    pub route_timeout: Duration,
 }
 
 /// Testing only: failures on purpose, through the same paths as real ones. None by default.
@@ -415,9 +424,15 @@ impl RunArgs {
                 "--dlq-topic: must differ from --output-topic".into(),
             ));
         }
+        if self.route_timeout.is_zero() {
+            return Err(Error::Config(
+                "--route-timeout: must be greater than 0".into(),
+            ));
+        }
         Ok(ErrorPolicy {
             on_error,
             dlq_topic,
+            route_timeout: self.route_timeout,
         })
     }
 

@@ -128,6 +128,17 @@ pub fn denied(facility: &str, message: &str) -> bool {
     facility == "TXNERR" && message.contains("_AUTHORIZATION_FAILED)")
 }
 
+/// The topic of a librdkafka log line saying a partition could not join the transaction for
+/// want of the permission to write it (`ADDPARTS`: `Failed to add partition "T" [p] to
+/// transaction: Broker: Topic authorization failed`).
+pub fn denied_partition<'m>(facility: &str, message: &'m str) -> Option<&'m str> {
+    if facility != "ADDPARTS" || !message.contains("Topic authorization failed") {
+        return None;
+    }
+    let (_, rest) = message.split_once("Failed to add partition \"")?;
+    rest.split_once("\" [").map(|(topic, _)| topic)
+}
+
 /// Whether a line of librdkafka's log says that a request of a transaction timed out on its
 /// way to a broker (`REQTMOUT`, "Timed out ProduceRequest …"): the request may still land
 /// later, in whatever transaction the producer runs then.
@@ -696,6 +707,16 @@ mod tests {
         });
         assert_eq!(audit.get("enable.partition.eof"), Some("true"));
         assert_eq!(audit.get("isolation.level"), Some("read_committed"));
+    }
+
+    #[test]
+    fn a_partition_denied_to_the_transaction_names_its_topic() {
+        let line = "[thrd:127.0.0.1:1/1]: 127.0.0.1:1/1: Failed to add partition \"sec-x\" [2] \
+                    to transaction: Broker: Topic authorization failed";
+        assert_eq!(denied_partition("ADDPARTS", line), Some("sec-x"));
+        assert_eq!(denied_partition("TXNERR", line), None);
+        let other = "Failed to add partition \"t\" [0] to transaction: Broker: Not leader";
+        assert_eq!(denied_partition("ADDPARTS", other), None);
     }
 
     #[test]

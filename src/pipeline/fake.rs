@@ -79,6 +79,8 @@ pub struct Broker {
     pub hide_committed: bool,
     /// A request of the client timed out (until the next connect).
     pub stale: bool,
+    /// Topics that do not exist: a send there is refused at once.
+    pub missing: Vec<String>,
     /// Outputs (not DLQ records) whose value holds this are refused for what they are.
     pub refuse: Option<Vec<u8>>,
     refused: Vec<Rejection>,
@@ -176,6 +178,13 @@ impl Sink for FakeSink {
 
     fn send(&mut self, r: Record<'_, '_>, _: &Bounds) -> Result<(), Failed> {
         let mut b = lock(&self.0);
+        if b.missing.iter().any(|m| m == r.topic) {
+            return Err(Failed::Unroutable {
+                topic: r.topic.to_string(),
+                error: "UNKNOWN_TOPIC_OR_PARTITION",
+                denied: false,
+            });
+        }
         if b.fail_sends > 0 {
             b.fail_sends -= 1;
             return Err(Failed::Abort(AbortReason::ProduceFailed));
@@ -433,17 +442,24 @@ impl Answers {
 
     /// Answers call `i` with one output of `value` for each of its records.
     pub fn answer_value(&self, i: usize, value: &[u8]) {
+        self.answer_with(i, |_| (None, value.to_vec()));
+    }
+
+    /// Answers call `i` with one output for each of its records: `f` says its topic and value.
+    pub fn answer_with(&self, i: usize, f: impl Fn(&OwnedRecord) -> (Option<String>, Vec<u8>)) {
         let calls = self.0.lock().unwrap();
         let (records, tx) = &calls[i];
-        let output = transform::call::Output {
-            topic: None,
-            key: None,
-            value: Some(value.to_vec()),
-            headers: None,
-        };
         let answers = records
             .iter()
-            .map(|_| Answer::Outputs(vec![output.clone()]))
+            .map(|r| {
+                let (topic, value) = f(r);
+                Answer::Outputs(vec![transform::call::Output {
+                    topic,
+                    key: None,
+                    value: Some(value),
+                    headers: None,
+                }])
+            })
             .collect();
         let _ = tx.send(Called {
             answers: Ok(answers),
@@ -541,13 +557,17 @@ impl Core {
         let bounds = Bounds::new(health.clone(), Duration::from_secs(5));
         let sink = Box::new(FakeSink(broker.clone()));
         let timeout = Duration::from_secs(1);
-        let driver =
+        let mut driver =
             Driver::start(sink, bounds, timeout, metrics.clone(), shutdown.clone()).unwrap();
+        // A refused route is the record's fault at once: no clock to wait for in a test.
+        let fixed = vec!["out".to_string(), "out.dlq".to_string()];
+        driver.set_routes(crate::sink::routes::Routes::new(Duration::ZERO, fixed));
         let policy = Policy {
             output_topic: "out".into(),
             errors: ErrorPolicy {
                 on_error: OnError::Dlq,
                 dlq_topic: "out.dlq".into(),
+                route_timeout: Duration::ZERO,
             },
             lineage: true,
             max_message_bytes: 1 << 20,

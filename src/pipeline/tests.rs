@@ -314,6 +314,36 @@ fn no_unit_begins_on_a_client_whose_request_timed_out() {
 }
 
 #[test]
+fn a_record_routed_to_a_topic_that_keeps_refusing_goes_to_the_dead_letter_topic_alone() {
+    let app = Answers::default();
+    let mut core = Core::staged(every(3), calls_of(3), &app);
+    core.broker().fill(("in", 0), 0, 3, &[]);
+    core.broker().missing = vec!["nowhere".into()];
+    core.assign(("in", 0), 0);
+    let route = |r: &crate::transform::OwnedRecord| {
+        let topic = (r.offset == 1).then(|| "nowhere".to_string());
+        (topic, r.value.clone().unwrap_or_default())
+    };
+    for _ in 0..3 {
+        core.turn();
+    }
+    app.answer_with(0, route);
+    core.run(5); // the send to nowhere is refused: abort, rewind, read again
+    assert_eq!(app.calls(), 2);
+    app.answer_with(1, route);
+    core.run(10);
+    core.finish();
+    let b = core.broker();
+    assert_eq!(b.lineages("out"), lineages(&[(0, 0), (0, 2)]));
+    assert_eq!(b.lineages("out.dlq"), lineages(&[(0, 1)]));
+    let dlq: Vec<_> = b.outputs.iter().filter(|o| o.topic == "out.dlq").collect();
+    assert_eq!(dlq[0].reason.as_deref(), Some("route_refused"));
+    let aborted = r#"exactly_transaction_aborts_total{reason="route_refused"}"#;
+    drop(b);
+    assert_eq!(sample(&core, aborted).as_deref(), Some("1"));
+}
+
+#[test]
 fn shutdown_commits_what_was_answered_within_the_grace() {
     let (app, mut core) = two_calls_out();
     app.answer(0, true); // the second call is never answered

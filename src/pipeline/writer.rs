@@ -21,7 +21,7 @@ use crate::metrics::{Metrics, RecordCounters};
 use crate::records::{self, Outgoing};
 use crate::sink::rejected::{Form, Source, Verdict};
 use crate::sink::{Began, Consumed, Driver, SendError};
-use crate::transform::{Failure, InputRecord, OutputRecord, TransformError};
+use crate::transform::{Failure, InputRecord, OutputRecord, Reason, TransformError};
 
 /// What the record path must know.
 pub struct Policy {
@@ -88,6 +88,7 @@ impl Writer {
             Err(Failure::Unavailable(why)) => return self.unavailable(&why),
         };
         let verdict = verdict.and_then(|v| self.still_holds(v, &result));
+        let result = result.and_then(|outputs| self.routable(outputs));
         if self.unavailable {
             self.unavailable = false;
             // Not ready again from the moment shutdown began.
@@ -132,6 +133,20 @@ impl Writer {
             o.fingerprint(topic) == fingerprint
         });
         (verdict.copy() != Form::Output || same).then_some(verdict)
+    }
+
+    /// Outputs routed to a topic that refused them for longer than `--route-timeout` make
+    /// their record a bad one (`sink::routes`).
+    fn routable<'a>(
+        &self,
+        outputs: Vec<Outgoing<'a>>,
+    ) -> Result<Vec<Outgoing<'a>>, TransformError> {
+        for o in &outputs {
+            if let Some(why) = o.topic.as_deref().and_then(|t| self.driver.unroutable(t)) {
+                return Err(TransformError::new(Reason::RouteRefused, why));
+            }
+        }
+        Ok(outputs)
     }
 
     /// Counts `input` into the open unit once everything of it was sent.

@@ -58,6 +58,10 @@ impl Sink for AtLeastOnce {
         self.p().has_rejections()
     }
 
+    fn take_refused_routes(&mut self) -> Vec<(String, &'static str)> {
+        self.p().take_refused_routes()
+    }
+
     /// Every output of the unit delivered, then its offsets committed.
     fn commit(
         &mut self,

@@ -9,10 +9,13 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 mod connect;
+mod rewind;
+mod routed;
 mod unknown;
 
 use super::offsets::CommitOffsets;
 use super::rejected::{Rejections, Source, Verdict};
+use super::routes::Routes;
 use super::{
     Began, Bounds, Consumed, Failed, Group, Outcome, Record, SendError, Sink, Unapplied, Unit,
 };
@@ -52,6 +55,8 @@ pub struct Driver {
     on_commit: Option<OnCommit>,
     /// A commit whose outcome was unknown, counted once the committed offsets tell.
     unresolved: Option<unknown::Unresolved>,
+    /// Routes refusing the records sent there.
+    routes: Routes,
     /// An error raised where it could not be returned (a rebalance callback).
     fatal: Option<Error>,
     metrics: Arc<Metrics>,
@@ -74,62 +79,6 @@ impl Driver {
         match &self.state {
             State::Open(u) => Some(u),
             _ => None,
-        }
-    }
-
-    /// Whether a rewind is owed.
-    pub fn rewind_owed(&self) -> bool {
-        matches!(self.state, State::RewindOwed)
-    }
-
-    /// The loop drops records it has read but not applied (a failed call's): what is open
-    /// commits first (below those records), then they come again after a rewind, which is
-    /// owed whatever the commit did.
-    pub fn commit_then_rewind(
-        &mut self,
-        group: &dyn Group,
-        unapplied: &dyn Unapplied,
-    ) -> Result<Outcome, Error> {
-        let outcome = self.commit(group, unapplied)?;
-        self.state = State::RewindOwed;
-        Ok(outcome)
-    }
-
-    /// The consumer is back at the committed offsets (a rewind, or a new consumer).
-    pub fn rewound(&mut self) {
-        if self.rewind_owed() {
-            self.state = State::Idle;
-        }
-    }
-
-    /// What is committed for `partitions`: the rewind's target.
-    pub fn committed(
-        &self,
-        group: &dyn Group,
-        partitions: &[Tp],
-        timeout: Duration,
-    ) -> Result<super::Committed, super::Unreadable> {
-        self.sink.committed(group, partitions, timeout)
-    }
-
-    /// What this driver's last successful commit that held `tp` sent for it, since `tp` was
-    /// assigned.
-    pub fn last_committed(&self, tp: &Tp) -> Option<i64> {
-        self.offsets.last(tp)
-    }
-
-    /// `partitions` were revoked: what was committed for them is the group's business now.
-    pub fn forget(&mut self, partitions: &[Tp]) {
-        self.offsets.forget(partitions);
-    }
-
-    /// The consumer is replaced: the new one starts from the committed offsets, owning
-    /// nothing yet, and nothing is owed.
-    pub fn new_consumer(&mut self) {
-        self.forget_unresolved();
-        self.offsets.forget_all();
-        if self.rewind_owed() {
-            self.state = State::Idle;
         }
     }
 
@@ -188,7 +137,7 @@ impl Driver {
             }
             Err(Failed::Exit(e)) => return Err(e),
             Err(Failed::Recreate(reason) | Failed::Abort(reason)) => reason,
-            Err(Failed::TooLarge) => AbortReason::BeginFailed,
+            Err(Failed::TooLarge | Failed::Unroutable { .. }) => AbortReason::BeginFailed,
         };
         self.failures += 1;
         self.recreate(reason)?;
@@ -233,6 +182,7 @@ impl Driver {
             return self.aborted(AbortReason::ProduceFailed);
         }
         let index = self.rejections.sent(source);
+        self.routes.sending(topic);
         let record = Record {
             topic,
             out,
@@ -252,6 +202,11 @@ impl Driver {
                 Err(SendError::Aborted)
             }
             Err(Failed::Exit(e)) => Err(SendError::Fatal(e)),
+            Err(Failed::Unroutable {
+                topic,
+                error,
+                denied,
+            }) => self.unroutable_send(&topic, error, denied),
         }
     }
 
@@ -287,6 +242,10 @@ impl Driver {
         let offsets = self.offsets.to_commit(unit, group.positions(), unapplied);
         match self.sink.commit(&offsets, group, &self.bounds) {
             Ok(()) => Ok(self.committed_unit(offsets, started)),
+            Err(Failed::Exit(_)) if self.failed_for_a_route() => {
+                self.abort(AbortReason::RouteRefused)?;
+                Ok(Outcome::Aborted)
+            }
             Err(Failed::Exit(e)) => Err(e),
             Err(Failed::Abort(AbortReason::CommitOutcomeUnknown)) => {
                 self.set_aside(offsets, started);
@@ -297,7 +256,7 @@ impl Driver {
                 self.abort(reason)?;
                 Ok(Outcome::Aborted)
             }
-            Err(Failed::TooLarge) => {
+            Err(Failed::TooLarge | Failed::Unroutable { .. }) => {
                 self.abort(AbortReason::CommitFailed)?;
                 Ok(Outcome::Aborted)
             }
@@ -324,6 +283,7 @@ impl Driver {
             f(&offsets);
         }
         self.offsets.committed(offsets);
+        self.routes.committed();
         self.failures = 0;
         self.commits += 1;
         unit.emit_committed(started.elapsed(), &self.metrics);
@@ -364,11 +324,19 @@ impl Driver {
             }
         };
         self.keep_unresolved(unit);
+        self.routes.aborted();
         self.failures += 1;
         let result = self.sink.abort(reason, &self.bounds);
         // A unit that failed for want of a permission fails again after any retry: stop,
         // with the unit aborted if the abort went through (else the coordinator aborts it).
-        if let Some(denied) = self.sink.denied() {
+        // Unless a route was refused the permission: that is the route's to answer for. The
+        // route's refusal is logged before the unit's (librdkafka's ADDPARTS line, then
+        // TXNERR), so taking the unit's first and the route's after never sees the unit's
+        // alone.
+        let denied = self.sink.take_denied();
+        self.collect_routes();
+        let route_denied = self.routes.take_denied();
+        if let Some(denied) = denied.filter(|_| !route_denied) {
             let ended = match result {
                 Ok(()) => self.sink.ended(),
                 Err(_) => Ended::Abandoned,
@@ -398,6 +366,7 @@ impl Driver {
     /// Turns the refusals of a unit that ended without a commit into verdicts.
     fn learn(&mut self, alone: bool) {
         let rejections = self.sink.take_rejections(Duration::from_secs(1));
+        self.collect_routes();
         if self.rejections.learn(rejections, alone) {
             // The replay sends something else for those records: progress, not an outage,
             // so the abort does not add to the back-off.

@@ -85,8 +85,12 @@ impl Sink for ExactlyOnce {
         self.p().has_rejections()
     }
 
-    fn denied(&self) -> Option<String> {
-        self.p().denied()
+    fn take_refused_routes(&mut self) -> Vec<(String, &'static str)> {
+        self.p().take_refused_routes()
+    }
+
+    fn take_denied(&mut self) -> Option<String> {
+        self.p().take_denied()
     }
 
     fn stale(&self) -> bool {

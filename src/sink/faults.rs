@@ -82,8 +82,12 @@ impl Sink for Faults {
         self.inner.has_rejections()
     }
 
-    fn denied(&self) -> Option<String> {
-        self.inner.denied()
+    fn take_refused_routes(&mut self) -> Vec<(String, &'static str)> {
+        self.inner.take_refused_routes()
+    }
+
+    fn take_denied(&mut self) -> Option<String> {
+        self.inner.take_denied()
     }
 
     fn stale(&self) -> bool {

@@ -33,6 +33,7 @@ pub mod faults;
 pub mod offsets;
 mod producer;
 pub mod rejected;
+pub mod routes;
 mod unit;
 
 use std::sync::Arc;
@@ -74,8 +75,14 @@ pub trait Sink: Send {
     fn take_rejections(&mut self, wait: Duration) -> Vec<Rejection>;
     /// Whether any record was refused for what it is since the last take.
     fn has_rejections(&self) -> bool;
-    /// Why the open unit failed for want of a permission, if it did: no retry fixes that.
-    fn denied(&self) -> Option<String> {
+    /// Destinations that refused records since the last take for what *they* are: a topic that
+    /// does not exist, or may not be written (destination, the destination's error name).
+    fn take_refused_routes(&mut self) -> Vec<(String, &'static str)> {
+        Vec::new()
+    }
+    /// Why a unit failed for want of a permission since the last take, if one did: no retry
+    /// fixes that, unless the permission was a route's (`take_refused_routes`).
+    fn take_denied(&mut self) -> Option<String> {
         None
     }
     /// A request of this client timed out: a late copy of it could still land in a later
@@ -189,6 +196,16 @@ pub enum Failed {
     Recreate(AbortReason),
     /// A record is larger than the client takes: the record's fault.
     TooLarge,
+    /// The record's destination refuses it for what the destination is: it does not exist
+    /// (`denied` false) or may not be written (`denied`).
+    Unroutable {
+        /// The destination.
+        topic: String,
+        /// Its name for the error.
+        error: &'static str,
+        /// A permission is missing.
+        denied: bool,
+    },
     /// Nothing to do at run time: stop the process.
     Exit(Error),
 }

@@ -5,15 +5,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientConfig, Message};
 use tracing::{debug, error, info, warn};
 
 use super::{Bounds, Failed, NotConnected, Record, Rejection};
-use crate::error::{Action, Facts, KafkaCall, classify, rejected_record};
+use crate::error::{Action, Facts, KafkaCall, classify, refused_route, rejected_record};
 use crate::events::AbortReason;
 use crate::kafka::Refusal;
 
@@ -104,6 +104,8 @@ pub struct DeliveryContext {
     rejections: Mutex<Vec<Rejection>>,
     /// A request of this producer's transactions timed out (see `Sink::stale`).
     stale: AtomicBool,
+    /// Destinations that refused records for what they are (see `Sink::take_refused_routes`).
+    routes: Mutex<Vec<(String, &'static str)>>,
 }
 
 impl ClientContext for DeliveryContext {
@@ -119,6 +121,10 @@ impl ClientContext for DeliveryContext {
         }
         if crate::kafka::timed_out_txn_request(facility, message) {
             self.stale.store(true, Ordering::SeqCst);
+        }
+        if let Some(topic) = crate::kafka::denied_partition(facility, message) {
+            let mut routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+            routes.push((topic.to_string(), "TOPIC_AUTHORIZATION_FAILED"));
         }
         // As rust-rdkafka's default callback logs them, under its target.
         match level {
@@ -145,12 +151,16 @@ impl ProducerContext for DeliveryContext {
     type DeliveryOpaque = usize;
 
     fn delivery(&self, result: &DeliveryResult<'_>, index: usize) {
-        if let Err((e, _)) = result {
+        if let Err((e, message)) = result {
             debug!(error = %e, "delivery failed; the batch will not commit");
             self.failed.fetch_add(1, Ordering::SeqCst);
             let code = e.rdkafka_error_code();
             if code.is_some_and(timed_out) {
                 self.stale.store(true, Ordering::SeqCst);
+            }
+            if let Some(error) = code.and_then(refused_route) {
+                let mut routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+                routes.push((message.topic().to_string(), error));
             }
             if let Some(error) = code.and_then(rejected_record) {
                 let named = code == Some(RDKafkaErrorCode::InvalidRecord);
@@ -181,6 +191,7 @@ impl TrackedProducer {
             failed: AtomicU64::default(),
             rejections: Mutex::default(),
             stale: AtomicBool::new(false),
+            routes: Mutex::default(),
         };
         let inner: ThreadedProducer<DeliveryContext> = config.create_with_context(context)?;
         Ok(TrackedProducer(crate::kafka::produce::HandleProducer::new(
@@ -269,6 +280,13 @@ impl TrackedProducer {
                 Err((RDKafkaErrorCode::MessageSizeTooLarge, _)) => {
                     return Err(Failed::TooLarge);
                 }
+                Err((code, _)) if refused_route(code).is_some() => {
+                    return Err(Failed::Unroutable {
+                        topic: topic.to_string(),
+                        error: refused_route(code).unwrap_or("UNKNOWN_TOPIC_OR_PARTITION"),
+                        denied: code == RDKafkaErrorCode::TopicAuthorizationFailed,
+                    });
+                }
                 Err((code, _)) => {
                     let e = KafkaError::MessageProduction(code);
                     return Err(match classify(KafkaCall::Produce, &Facts::of(&e)) {
@@ -329,10 +347,17 @@ impl TrackedProducer {
         self.inner().context().stale.store(true, Ordering::SeqCst);
     }
 
-    /// Why a transaction of this producer failed for want of a permission, if one did.
-    pub fn denied(&self) -> Option<String> {
+    /// Destinations that refused records since the last take (see `Sink::take_refused_routes`).
+    pub fn take_refused_routes(&self) -> Vec<(String, &'static str)> {
         let ctx = self.inner().context();
-        ctx.denial.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        std::mem::take(&mut *ctx.routes.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Why a transaction of this producer failed for want of a permission since the last take,
+    /// if one did.
+    pub fn take_denied(&self) -> Option<String> {
+        let ctx = self.inner().context();
+        ctx.denial.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     /// Whether the broker rejected anything since the last take.

@@ -248,11 +248,14 @@ pub enum Reason {
     RejectedByBroker,
     /// The application behind --call-url refused the record.
     AppRejected,
+    /// An output's topic (an envelope's or the application's) refused it for --route-timeout:
+    /// it does not exist, or may not be written.
+    RouteRefused,
 }
 
 impl Reason {
     /// Every reason, so the DLQ counter starts at 0 for each.
-    pub const ALL: [Reason; 7] = [
+    pub const ALL: [Reason; 8] = [
         Reason::NotJson,
         Reason::JqError,
         Reason::OutputTooLarge,
@@ -260,6 +263,7 @@ impl Reason {
         Reason::BadEnvelope,
         Reason::RejectedByBroker,
         Reason::AppRejected,
+        Reason::RouteRefused,
     ];
 
     /// Stable name, used in the `exactly.error.reason` header.
@@ -272,6 +276,7 @@ impl Reason {
             Reason::BadEnvelope => "bad_envelope",
             Reason::RejectedByBroker => "rejected_by_broker",
             Reason::AppRejected => "app_rejected",
+            Reason::RouteRefused => "route_refused",
         }
     }
 }

@@ -14,6 +14,7 @@ use crate::events::{AbortReason, Ended, ProducerRecreated};
 use crate::metrics::Metrics;
 use crate::sink::offsets::CommitOffsets;
 use crate::sink::rejected::Rejections;
+use crate::sink::routes::Routes;
 use crate::sink::{Bounds, NotConnected, Sink};
 
 impl Driver {
@@ -41,6 +42,7 @@ impl Driver {
                         commits: 0,
                         on_commit: None,
                         unresolved: None,
+                        routes: Routes::default(),
                         fatal: None,
                         metrics,
                         shutdown,

@@ -1,0 +1,66 @@
+//! What the rewind asks of the driver, and what a rewind or a new consumer tells it.
+
+use std::time::Duration;
+
+use super::{Driver, State};
+use crate::error::Error;
+use crate::kafka::Tp;
+use crate::sink::{Committed, Group, Outcome, Unapplied, Unreadable};
+
+impl Driver {
+    /// Whether a rewind is owed.
+    pub fn rewind_owed(&self) -> bool {
+        matches!(self.state, State::RewindOwed)
+    }
+
+    /// The loop drops records it has read but not applied (a failed call's): what is open
+    /// commits first (below those records), then they come again after a rewind, which is
+    /// owed whatever the commit did.
+    pub fn commit_then_rewind(
+        &mut self,
+        group: &dyn Group,
+        unapplied: &dyn Unapplied,
+    ) -> Result<Outcome, Error> {
+        let outcome = self.commit(group, unapplied)?;
+        self.state = State::RewindOwed;
+        Ok(outcome)
+    }
+
+    /// The consumer is back at the committed offsets (a rewind, or a new consumer).
+    pub fn rewound(&mut self) {
+        if self.rewind_owed() {
+            self.state = State::Idle;
+        }
+    }
+
+    /// What is committed for `partitions`: the rewind's target.
+    pub fn committed(
+        &self,
+        group: &dyn Group,
+        partitions: &[Tp],
+        timeout: Duration,
+    ) -> Result<Committed, Unreadable> {
+        self.sink.committed(group, partitions, timeout)
+    }
+
+    /// What this driver's last successful commit that held `tp` sent for it, since `tp` was
+    /// assigned.
+    pub fn last_committed(&self, tp: &Tp) -> Option<i64> {
+        self.offsets.last(tp)
+    }
+
+    /// `partitions` were revoked: what was committed for them is the group's business now.
+    pub fn forget(&mut self, partitions: &[Tp]) {
+        self.offsets.forget(partitions);
+    }
+
+    /// The consumer is replaced: the new one starts from the committed offsets, owning
+    /// nothing yet, and nothing is owed.
+    pub fn new_consumer(&mut self) {
+        self.forget_unresolved();
+        self.offsets.forget_all();
+        if self.rewind_owed() {
+            self.state = State::Idle;
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! Records routed to a destination that refuses them for what it is (`sink::routes`): the
+//! driver's part.
+
+use std::time::Instant;
+
+use tracing::warn;
+
+use super::Driver;
+use crate::error::Error;
+use crate::events::AbortReason;
+use crate::sink::SendError;
+use crate::sink::routes::Routes;
+
+impl Driver {
+    /// Routes refusing for `routes`' bound make their records bad ones.
+    pub fn set_routes(&mut self, routes: Routes) {
+        self.routes = routes;
+    }
+
+    /// Why a record routed to `topic` is its own fault now, if it is.
+    pub fn unroutable(&self, topic: &str) -> Option<String> {
+        self.routes.unroutable(topic, Instant::now())
+    }
+
+    /// A send to `topic` was refused at once for what the destination is.
+    pub(super) fn unroutable_send(
+        &mut self,
+        topic: &str,
+        error: &'static str,
+        denied: bool,
+    ) -> Result<(), SendError> {
+        if self.routes.refused(topic, error, Instant::now()) {
+            warn!(
+                topic,
+                error, "an output's topic refuses it; aborting, rewinding, backing off"
+            );
+            return self.aborted(AbortReason::RouteRefused);
+        }
+        if denied {
+            // The output or dead-letter topic itself: nothing to do at run time.
+            return Err(SendError::Fatal(Error::Denied(format!(
+                "may not write topic '{topic}' ({error})"
+            ))));
+        }
+        self.aborted(AbortReason::ProduceFailed)
+    }
+
+    /// Takes what the sink says of refusing destinations.
+    pub(super) fn collect_routes(&mut self) {
+        let now = Instant::now();
+        for (topic, error) in self.sink.take_refused_routes() {
+            if self.routes.refused(&topic, error, now) {
+                warn!(
+                    topic,
+                    error, "an output's topic refuses it; aborting, rewinding, backing off"
+                );
+            }
+        }
+    }
+
+    /// A unit failed with an error that would stop exactly: whether a route was refused a
+    /// permission meanwhile, which makes it the route's failure (the abort takes it).
+    pub(super) fn failed_for_a_route(&mut self) -> bool {
+        self.collect_routes();
+        self.routes.denied()
+    }
+}
