@@ -186,6 +186,9 @@ fn an_unavailable_transform_never_dead_letters_and_each_record_lands_once() {
 /// Routes a record to `.route` when it has one, else to the output topic.
 const ROUTE: &str = "if .route then {topic: .route, value: .} else {value: .} end";
 
+/// What exactly logs when an output's topic refuses it.
+const REFUSED: &str = "an output's topic refuses it; aborting, rewinding, backing off";
+
 #[test]
 fn a_record_routed_to_a_missing_topic_goes_to_the_dlq_once_the_route_timeout_passes() {
     let topics = Topics::create("route", 3, 2);
@@ -213,6 +216,9 @@ fn a_record_routed_to_a_missing_topic_goes_to_the_dlq_once_the_route_timeout_pas
             "20s",
             "--max-records-per-txn",
             "500",
+            // Below librdkafka's 30 s to call a topic missing: the refusal must come first.
+            "--transaction-timeout",
+            "10s",
         ]
         .map(String::from),
     );
@@ -246,6 +252,19 @@ fn a_record_routed_to_a_missing_topic_goes_to_the_dlq_once_the_route_timeout_pas
     assert!(
         aborts.iter().any(|e| e["reason"] == "route_refused"),
         "{aborts:?}"
+    );
+    // The route was retried for the bound (with back-offs of up to 5 s) before its record
+    // became a bad one.
+    let at = |e: &Value| {
+        humantime::parse_rfc3339_weak(e["timestamp"].as_str().unwrap_or_default())
+            .unwrap_or_else(|_| panic!("{e}"))
+    };
+    let refusals = ex.events(REFUSED);
+    let (first, last) = (at(&refusals[0]), at(&refusals[refusals.len() - 1]));
+    let retried = last.duration_since(first).unwrap_or_default();
+    assert!(
+        retried >= Duration::from_secs(15),
+        "retried for {retried:?} only"
     );
     // The audit takes the DLQ copy for the output no replay can say was refused.
     let b = bootstrap();
@@ -295,9 +314,8 @@ fn a_topic_created_30_s_late_still_gets_the_records_routed_to_it() {
     let started = std::time::Instant::now();
     let mut ex = Exactly::start(&args);
     // Created once exactly has been refused (librdkafka calls a topic missing after 30 s).
-    let refused = "an output's topic refuses it; aborting, rewinding, backing off";
     ex.wait_log("the route refused", Duration::from_secs(90), |ex| {
-        !ex.events(refused).is_empty()
+        !ex.events(REFUSED).is_empty()
     });
     create_topics(&[(&late, 1)]);
     let created = started.elapsed();
@@ -319,4 +337,80 @@ fn a_topic_created_30_s_late_still_gets_the_records_routed_to_it() {
     assert_eq!(outputs.len(), 171);
     assert!(read_all(&topics.dlq, "read_committed").is_empty());
     eprintln!("a route created {created:?} after the start got its 29 records, none in the DLQ");
+}
+
+#[test]
+fn a_route_past_the_bound_is_tried_again_and_takes_records_once_it_exists() {
+    let topics = Topics::create("quarantine", 1, 1);
+    let group = unique("quarantine-g");
+    let late = unique("quarantine-topic");
+    let routed = |from: usize| -> Vec<In> {
+        (from..from + 20)
+            .map(|i| {
+                let v = if i % 5 == 0 {
+                    json!({"id": i, "route": late})
+                } else {
+                    json!({"id": i})
+                };
+                In::json(0, &format!("k{i}"), v)
+            })
+            .collect()
+    };
+    produce(&topics.input, &routed(0));
+    let mut args = base_args(&topics, &group, "quarantine-0");
+    args.extend(
+        [
+            "--jq",
+            ROUTE,
+            "--envelope",
+            "--route-timeout",
+            "10s",
+            "--transaction-timeout",
+            "10s",
+        ]
+        .map(String::from),
+    );
+    let mut ex = Exactly::start(&args);
+    // Past the bound: the first records routed there are bad ones.
+    wait_all_committed(&group, &topics.input, Duration::from_secs(120));
+    assert_eq!(read_all(&topics.dlq, "read_committed").len(), 4);
+    // The topic appears; records routed there after the quarantine get there.
+    create_topics(&[(&late, 1)]);
+    let batches = std::cell::Cell::new(1);
+    ex.wait_log("records in the new topic", Duration::from_secs(120), |ex| {
+        if committed_total(&group, &topics.input) == 20 * batches.get() as i64 {
+            produce(&topics.input, &routed(20 * batches.get()));
+            batches.set(batches.get() + 1);
+        }
+        ex.has_exited() || !read_all(&late, "read_committed").is_empty()
+    });
+    let batches = batches.get();
+    wait_all_committed(&group, &topics.input, Duration::from_secs(60));
+    assert!(!ex.has_exited(), "exactly stopped: {}", ex.log_text());
+    ex.stop_cleanly();
+
+    // Every routed input exactly once in the new topic or the DLQ, the others in the output.
+    let outputs = read_all(&topics.output, "read_committed");
+    let dlq = read_all(&topics.dlq, "read_committed");
+    let routed = read_all(&late, "read_committed");
+    let inputs = 20 * batches;
+    assert_eq!(outputs.len(), inputs * 4 / 5);
+    assert_eq!(dlq.len() + routed.len(), inputs / 5, "{dlq:#?} {routed:#?}");
+    let mut ids: Vec<i64> = dlq
+        .iter()
+        .chain(&routed)
+        .map(|r| r.json()["id"].as_i64().unwrap())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), inputs / 5);
+    assert!(
+        dlq.iter()
+            .all(|d| d.header(ERROR_REASON).as_deref() == Some("route_refused"))
+    );
+    eprintln!(
+        "quarantined route: {} in the DLQ, then {} in the topic created after the bound",
+        dlq.len(),
+        routed.len()
+    );
 }

@@ -285,6 +285,15 @@ impl Settings {
             }
             Role::Transactional { id, timeout } => {
                 defaults.push(("client.id", self.client_id.clone()));
+                // librdkafka calls a topic missing after this long, and a record waits at most
+                // message.timeout.ms, the transaction timeout by default: a record routed to a
+                // missing topic must be refused before it times out (which only replaces the
+                // producer, whose next send waits as long again), so `sink::routes` sees it.
+                let propagation = (timeout / 2).min(Duration::from_secs(30));
+                defaults.push((
+                    "topic.metadata.propagation.max.ms",
+                    propagation.as_millis().to_string(),
+                ));
                 fixed.extend(idempotent());
                 fixed.extend([
                     ("transactional.id", id.to_string()),
@@ -643,7 +652,13 @@ mod tests {
         });
         assert_eq!(pc.get("transactional.id"), Some("g-pod-0"));
         assert_eq!(pc.get("transaction.timeout.ms"), Some("30000"));
+        assert_eq!(pc.get("topic.metadata.propagation.max.ms"), Some("15000"));
         assert_eq!(pc.get("enable.idempotence"), Some("true"));
+        let short = s.to_rdkafka(Role::Transactional {
+            id: "g-pod-0",
+            timeout: Duration::from_secs(10),
+        });
+        assert_eq!(short.get("topic.metadata.propagation.max.ms"), Some("5000"));
         let pc = s.to_rdkafka(Role::Idempotent);
         assert_eq!(pc.get("transactional.id"), None);
         assert_eq!(pc.get("transaction.timeout.ms"), None);

@@ -138,7 +138,7 @@ impl Writer {
     /// Outputs routed to a topic that refused them for longer than `--route-timeout` make
     /// their record a bad one (`sink::routes`).
     fn routable<'a>(
-        &self,
+        &mut self,
         outputs: Vec<Outgoing<'a>>,
     ) -> Result<Vec<Outgoing<'a>>, TransformError> {
         for o in &outputs {

@@ -130,6 +130,7 @@ impl Driver {
             self.renew(AbortReason::RequestTimedOut)?;
         }
         self.rejections.new_unit();
+        self.routes.began();
         let reason = match self.sink.begin(&self.bounds) {
             Ok(()) => {
                 self.state = State::Open(Unit::new());
@@ -242,7 +243,7 @@ impl Driver {
         let offsets = self.offsets.to_commit(unit, group.positions(), unapplied);
         match self.sink.commit(&offsets, group, &self.bounds) {
             Ok(()) => Ok(self.committed_unit(offsets, started)),
-            Err(Failed::Exit(_)) if self.failed_for_a_route() => {
+            Err(Failed::Exit(e)) if routed::topic_denied(&e) && self.failed_for_a_route() => {
                 self.abort(AbortReason::RouteRefused)?;
                 Ok(Outcome::Aborted)
             }
@@ -324,7 +325,6 @@ impl Driver {
             }
         };
         self.keep_unresolved(unit);
-        self.routes.aborted();
         self.failures += 1;
         let result = self.sink.abort(reason, &self.bounds);
         // A unit that failed for want of a permission fails again after any retry: stop,
@@ -336,6 +336,7 @@ impl Driver {
         let denied = self.sink.take_denied();
         self.collect_routes();
         let route_denied = self.routes.take_denied();
+        self.routes.aborted();
         if let Some(denied) = denied.filter(|_| !route_denied) {
             let ended = match result {
                 Ok(()) => self.sink.ended(),

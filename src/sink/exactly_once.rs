@@ -223,3 +223,55 @@ fn stale_if_timed_out(p: &TrackedProducer, e: &rdkafka::error::KafkaError) {
         p.timed_out();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use rdkafka::ClientConfig;
+    use rdkafka::consumer::BaseConsumer;
+    use rdkafka::mocking::MockCluster;
+
+    use super::*;
+    use crate::config::Guarantee;
+    use crate::health::Health;
+
+    #[test]
+    fn a_consumer_that_has_not_joined_commits_no_offsets() {
+        let cluster = MockCluster::new(1).expect("mock cluster");
+        cluster.create_topic("in", 1, 1).expect("topic");
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .set("group.id", "g")
+            .create()
+            .expect("consumer");
+        // Metadata, but with no generation or member id: not fenced by the group.
+        assert!(Group::metadata(&consumer).is_some());
+        let kafka = Settings {
+            bootstrap_servers: cluster.bootstrap_servers(),
+            client_id: "t".into(),
+            common: Vec::new(),
+            consumer: Vec::new(),
+            producer: Vec::new(),
+        };
+        let config = SinkConfig {
+            guarantee: Guarantee::ExactlyOnce,
+            output_topic: "out".into(),
+            transactional_id: "t-unjoined".into(),
+            transaction_timeout: Duration::from_secs(10),
+            startup_timeout: Duration::from_secs(10),
+        };
+        let bounds = Bounds::new(Arc::new(Health::default()), Duration::from_secs(10));
+        let mut sink = ExactlyOnce::new(&kafka, &config);
+        sink.connect(&bounds).expect("connected");
+        sink.begin(&bounds).expect("began");
+        let offsets = [(("in".to_string(), 0), 1)];
+        match sink.commit(&offsets, &consumer, &bounds) {
+            Err(Failed::Abort(AbortReason::NoGroupMetadata)) => {}
+            Err(other) => panic!("{other:?}"),
+            Ok(()) => panic!("committed offsets without a member"),
+        }
+        sink.abort(AbortReason::NoGroupMetadata, &bounds)
+            .expect("aborted");
+    }
+}

@@ -6,12 +6,36 @@
 //!
 //! So a refused route is first the cluster's fault (abort, rewind, back off, as any failed
 //! delivery), and becomes the record's once the destination has kept refusing for
-//! `--route-timeout`: its records follow `--on-error` with reason `route_refused`, naming the
-//! topic. A delivery to the destination in a committed unit clears it. The main output and the
-//! dead-letter topic are no routes: a refusal there stays the configuration error it is.
+//! `--route-timeout`: the route is *quarantined* for as long again, its records following
+//! `--on-error` with reason `route_refused`, naming the topic. Then it is tried again (one
+//! unit, one abort if it still refuses, which quarantines it at once). A unit that sends to
+//! the route and ends without its refusal (committed, or aborted for something else) clears
+//! it; so does a pause in its refusals longer than [`GAP`] (nothing was routed there). The
+//! main output and the dead-letter topic are no routes: a refusal there stays the
+//! configuration error it is.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
+
+/// The longest pause between two refusals of a route that is being retried: a new producer's
+/// first send there waits for librdkafka to call the topic missing
+/// (`topic.metadata.propagation.max.ms`, at most 30 s), and the producer's back-off adds up to
+/// 10 s. A route not refused for longer (and not quarantined) is tried afresh.
+pub const GAP: Duration = Duration::from_secs(60);
+
+/// A destination refusing the records routed to it.
+#[derive(Debug)]
+struct Refusal {
+    /// Its first refusal in this run of refusals.
+    since: Instant,
+    /// Its latest refusal.
+    last: Instant,
+    /// The destination's error.
+    error: &'static str,
+    /// Past the bound: its records are their own fault until then; after it the route is
+    /// tried again, and a refusal quarantines it again at once.
+    quarantine: Option<Instant>,
+}
 
 /// Destinations refusing the records routed to them.
 #[derive(Debug)]
@@ -19,25 +43,20 @@ pub struct Routes {
     bound: Duration,
     /// The output and dead-letter topics: never routes.
     fixed: Vec<String>,
-    /// Each refusing route: since when, and its error.
-    refusing: HashMap<String, (Instant, &'static str)>,
-    /// Refusing routes sent to in the open unit: cleared when it commits.
+    refusing: HashMap<String, Refusal>,
+    /// Refusing routes sent to in the open unit.
     sent: HashSet<String>,
-    /// A route was refused a permission since the last take: the unit failed for that route,
-    /// not for a permission exactly needs.
+    /// Routes refused since the open unit began.
+    refused_now: HashSet<String>,
+    /// A route was refused a permission since the open unit began: the unit failed for that
+    /// route, not for a permission exactly needs.
     denied: bool,
 }
 
 impl Default for Routes {
     /// No route ever becomes the record's fault.
     fn default() -> Self {
-        Routes {
-            bound: Duration::MAX,
-            fixed: Vec::new(),
-            refusing: HashMap::new(),
-            sent: HashSet::new(),
-            denied: false,
-        }
+        Routes::new(Duration::MAX, Vec::new())
     }
 }
 
@@ -49,6 +68,7 @@ impl Routes {
             fixed,
             refusing: HashMap::new(),
             sent: HashSet::new(),
+            refused_now: HashSet::new(),
             denied: false,
         }
     }
@@ -58,21 +78,41 @@ impl Routes {
         !self.fixed.iter().any(|f| f == topic)
     }
 
+    /// A unit begins: what was refused in earlier ones is no longer its.
+    pub fn began(&mut self) {
+        self.refused_now.clear();
+        self.denied = false;
+    }
+
     /// `topic` refused a record with `error`, at `now`. Whether it is a route (else a refusal
     /// of the output or dead-letter topic: the configuration's fault).
     pub fn refused(&mut self, topic: &str, error: &'static str, now: Instant) -> bool {
         if !self.is_route(topic) {
             return false;
         }
-        self.refusing
-            .entry(topic.to_string())
-            .and_modify(|e| e.1 = error)
-            .or_insert((now, error));
+        let (bound, gap) = (self.bound, GAP.max(self.bound));
+        let fresh = Refusal {
+            since: now,
+            last: now,
+            error,
+            quarantine: None,
+        };
+        let e = self.refusing.entry(topic.to_string()).or_insert(fresh);
+        if e.quarantine.is_none() && now.saturating_duration_since(e.last) > gap {
+            e.since = now;
+        }
+        e.last = now;
+        e.error = error;
+        if e.quarantine.is_some_and(|until| now >= until) {
+            // Tried again after its quarantine, and still refusing.
+            e.quarantine = Some(now + bound);
+        }
+        self.refused_now.insert(topic.to_string());
         self.denied |= error == "TOPIC_AUTHORIZATION_FAILED";
         true
     }
 
-    /// Whether a route was refused a permission since the last take.
+    /// Whether a route was refused a permission since the open unit began.
     pub fn denied(&self) -> bool {
         self.denied
     }
@@ -96,26 +136,45 @@ impl Routes {
         }
     }
 
-    /// The open unit ended without a commit.
+    /// The open unit ended without a commit: its routes that did not refuse take records
+    /// again (the unit failed for something else).
     pub fn aborted(&mut self) {
-        self.sent.clear();
+        for t in self.sent.drain() {
+            if !self.refused_now.contains(&t) {
+                self.refusing.remove(&t);
+            }
+        }
     }
 
-    /// Why a record routed to `topic` is its own fault now, if it is: the route has refused for
-    /// longer than the bound.
-    pub fn unroutable(&self, topic: &str, now: Instant) -> Option<String> {
+    /// Why a record routed to `topic` at `now` is its own fault, if it is: the route has
+    /// refused for the bound and is quarantined.
+    pub fn unroutable(&mut self, topic: &str, now: Instant) -> Option<String> {
         if self.refusing.is_empty() {
             return None;
         }
-        let (since, error) = self.refusing.get(topic)?;
-        let refusing = now.saturating_duration_since(*since);
-        (refusing >= self.bound).then(|| {
-            format!(
-                "the output's topic '{topic}' refused it ({error}) for {} (--route-timeout {})",
-                humantime::format_duration(Duration::from_secs(refusing.as_secs())),
-                humantime::format_duration(self.bound)
-            )
-        })
+        let (bound, gap) = (self.bound, GAP.max(self.bound));
+        let e = self.refusing.get_mut(topic)?;
+        match e.quarantine {
+            Some(until) if now < until => {}
+            // Tried again: a refusal quarantines it at once.
+            Some(_) => return None,
+            None if now.saturating_duration_since(e.last) > gap => {
+                // Nothing was refused there for a while: tried afresh.
+                self.refusing.remove(topic);
+                return None;
+            }
+            None if now.saturating_duration_since(e.since) >= bound => {
+                e.quarantine = Some(now + bound);
+            }
+            None => return None,
+        }
+        let refusing = e.last.saturating_duration_since(e.since);
+        let error = e.error;
+        Some(format!(
+            "the output's topic '{topic}' refused it ({error}) for {} (--route-timeout {})",
+            humantime::format_duration(Duration::from_secs(refusing.as_secs())),
+            humantime::format_duration(bound)
+        ))
     }
 }
 
@@ -123,42 +182,100 @@ impl Routes {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_route_refusing_past_the_bound_makes_its_records_bad_until_a_commit_clears_it() {
+    const MISSING: &str = "UNKNOWN_TOPIC_OR_PARTITION";
+    const DENIED: &str = "TOPIC_AUTHORIZATION_FAILED";
+
+    fn routes() -> (Routes, impl Fn(u64) -> Instant) {
         let t0 = Instant::now();
-        let later = |s| t0 + Duration::from_secs(s);
-        let mut r = Routes::new(
+        let r = Routes::new(
             Duration::from_secs(60),
             vec!["out".into(), "out.dlq".into()],
         );
+        (r, move |s| t0 + Duration::from_secs(s))
+    }
+
+    /// A unit that sends to `topic` and is refused at `at`, as the driver sees it.
+    fn refused_unit(r: &mut Routes, topic: &str, at: Instant) {
+        r.began();
+        r.sending(topic);
+        r.refused(topic, MISSING, at);
+        r.aborted();
+    }
+
+    #[test]
+    fn a_route_refusing_for_the_bound_is_quarantined_then_tried_again() {
+        let (mut r, at) = routes();
+        assert!(!r.refused("out", MISSING, at(0)), "the output is no route");
+        refused_unit(&mut r, "elsewhere", at(0));
+        // Retried every few seconds: the cluster's fault until the bound.
+        for s in (5..60).step_by(5) {
+            assert_eq!(r.unroutable("elsewhere", at(s)), None, "at {s} s");
+            refused_unit(&mut r, "elsewhere", at(s));
+        }
+        let why = r.unroutable("elsewhere", at(61)).unwrap();
         assert!(
-            !r.refused("out", "UNKNOWN_TOPIC_OR_PARTITION", t0),
-            "the output is no route"
-        );
-        assert!(r.refused("elsewhere", "UNKNOWN_TOPIC_OR_PARTITION", t0));
-        assert!(!r.denied(), "a missing topic is no permission");
-        assert_eq!(r.unroutable("elsewhere", later(59)), None);
-        let why = r.unroutable("elsewhere", later(61)).unwrap();
-        assert!(
-            why.contains("'elsewhere'") && why.contains("UNKNOWN_TOPIC"),
+            why.contains("'elsewhere'") && why.contains(MISSING),
             "{why}"
         );
-        // Refused again: still since the first time.
-        r.refused("elsewhere", "TOPIC_AUTHORIZATION_FAILED", later(61));
-        assert!(r.take_denied() && !r.denied());
-        assert!(
-            r.unroutable("elsewhere", later(62))
-                .unwrap()
-                .contains("AUTHORIZATION")
-        );
-        // A unit that aborts clears nothing; one that commits with a record there does.
+        // Quarantined for a bound: nothing is sent there, so nothing refreshes it.
+        assert!(r.unroutable("elsewhere", at(120)).is_some());
+        // Then tried again: refused, quarantined again at once.
+        assert_eq!(r.unroutable("elsewhere", at(122)), None);
+        refused_unit(&mut r, "elsewhere", at(122));
+        assert!(r.unroutable("elsewhere", at(123)).is_some());
+        // Tried again and committed (the topic was created meanwhile): cleared.
+        assert_eq!(r.unroutable("elsewhere", at(183)), None);
+        r.began();
+        r.sending("elsewhere");
+        r.committed();
+        assert_eq!(r.unroutable("elsewhere", at(183)), None);
+        r.began();
         r.sending("elsewhere");
         r.aborted();
-        r.committed();
-        assert!(r.unroutable("elsewhere", later(62)).is_some());
-        r.sending("elsewhere");
-        r.committed();
-        assert_eq!(r.unroutable("elsewhere", later(62)), None);
-        assert_eq!(r.unroutable("never-refused", later(62)), None);
+        assert_eq!(r.unroutable("elsewhere", at(500)), None);
+        assert_eq!(r.unroutable("never-refused", at(500)), None);
+    }
+
+    #[test]
+    fn a_route_that_did_not_refuse_in_a_failed_unit_is_cleared() {
+        let (mut r, at) = routes();
+        refused_unit(&mut r, "missing", at(0));
+        refused_unit(&mut r, "late", at(0));
+        refused_unit(&mut r, "late", at(30));
+        // `late` was created: the next unit sends to both, only `missing` refuses.
+        r.began();
+        r.sending("missing");
+        r.sending("late");
+        r.refused("missing", MISSING, at(50));
+        r.aborted();
+        assert!(r.unroutable("missing", at(61)).is_some());
+        assert_eq!(r.unroutable("late", at(61)), None);
+    }
+
+    #[test]
+    fn an_old_refusal_is_no_reason_to_skip_a_route() {
+        let (mut r, at) = routes();
+        refused_unit(&mut r, "once", at(0));
+        // Nothing routed there for longer than the gap: tried afresh, and its bound starts
+        // again with the next refusal.
+        assert_eq!(r.unroutable("once", at(3_600)), None);
+        refused_unit(&mut r, "once", at(3_600));
+        assert_eq!(r.unroutable("once", at(3_610)), None);
+        assert!(r.unroutable("once", at(3_660)).is_some());
+    }
+
+    #[test]
+    fn a_denied_route_excuses_its_own_unit_only() {
+        let (mut r, at) = routes();
+        r.began();
+        assert!(r.refused("missing", MISSING, at(0)));
+        assert!(!r.denied(), "a missing topic is no permission");
+        r.refused("secret", DENIED, at(0));
+        assert!(r.denied());
+        assert!(r.take_denied() && !r.denied());
+        // A late report after the decision is forgotten when the next unit begins.
+        r.refused("secret", DENIED, at(1));
+        r.began();
+        assert!(!r.denied());
     }
 }

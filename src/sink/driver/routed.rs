@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use rdkafka::error::RDKafkaErrorCode;
 use tracing::warn;
 
 use super::Driver;
@@ -18,7 +19,7 @@ impl Driver {
     }
 
     /// Why a record routed to `topic` is its own fault now, if it is.
-    pub fn unroutable(&self, topic: &str) -> Option<String> {
+    pub fn unroutable(&mut self, topic: &str) -> Option<String> {
         self.routes.unroutable(topic, Instant::now())
     }
 
@@ -64,4 +65,10 @@ impl Driver {
         self.collect_routes();
         self.routes.denied()
     }
+}
+
+/// Whether `e` is the cluster refusing a topic's permission (which a route may have caused).
+pub(super) fn topic_denied(e: &Error) -> bool {
+    matches!(e, Error::Unrecoverable { source, .. }
+        if source.rdkafka_error_code() == Some(RDKafkaErrorCode::TopicAuthorizationFailed))
 }
