@@ -214,6 +214,9 @@ pub fn timed_out(facts: &Facts) -> bool {
         .is_some_and(|c| TIMEOUT.contains(&c) || c == Code::MessageTimedOut)
 }
 
+/// [`refused_route`]'s name for a destination that may not be written.
+pub const TOPIC_DENIED: &str = "TOPIC_AUTHORIZATION_FAILED";
+
 /// Kafka's name for a code that says the *destination* refuses a record for what it is not:
 /// the topic does not exist, or may not be written. Not the record's fault at first (the topic
 /// may be created, the permission granted); see `sink::routes`.
@@ -222,7 +225,7 @@ pub fn refused_route(code: Code) -> Option<&'static str> {
         Code::UnknownTopic | Code::UnknownTopicOrPartition | Code::UnknownPartition => {
             "UNKNOWN_TOPIC_OR_PARTITION"
         }
-        Code::TopicAuthorizationFailed => "TOPIC_AUTHORIZATION_FAILED",
+        Code::TopicAuthorizationFailed => TOPIC_DENIED,
         _ => return None,
     })
 }

@@ -186,6 +186,24 @@ fn an_unavailable_transform_never_dead_letters_and_each_record_lands_once() {
 /// Routes a record to `.route` when it has one, else to the output topic.
 const ROUTE: &str = "if .route then {topic: .route, value: .} else {value: .} end";
 
+/// Records `{"id": i}` for `ids` over `partitions`; those `picked` are routed to `topic`.
+fn routed(
+    ids: std::ops::Range<usize>,
+    partitions: usize,
+    picked: impl Fn(usize) -> bool,
+    topic: &str,
+) -> Vec<In> {
+    ids.map(|i| {
+        let v = if picked(i) {
+            json!({"id": i, "route": topic})
+        } else {
+            json!({"id": i})
+        };
+        In::json((i % partitions) as i32, &format!("k{i}"), v)
+    })
+    .collect()
+}
+
 /// What exactly logs when an output's topic refuses it.
 const REFUSED: &str = "an output's topic refuses it; aborting, rewinding, backing off";
 
@@ -194,17 +212,10 @@ fn a_record_routed_to_a_missing_topic_goes_to_the_dlq_once_the_route_timeout_pas
     let topics = Topics::create("route", 3, 2);
     let group = unique("route-g");
     let missing = unique("route-missing");
-    let inputs: Vec<In> = (0..3_000usize)
-        .map(|i| {
-            let v = if i == 1_500 {
-                json!({"id": i, "route": missing})
-            } else {
-                json!({"id": i})
-            };
-            In::json((i % 3) as i32, &format!("k{i}"), v)
-        })
-        .collect();
-    produce(&topics.input, &inputs);
+    produce(
+        &topics.input,
+        &routed(0..3_000, 3, |i| i == 1_500, &missing),
+    );
 
     let mut args = base_args(&topics, &group, "route-0");
     args.extend(
@@ -268,22 +279,7 @@ fn a_record_routed_to_a_missing_topic_goes_to_the_dlq_once_the_route_timeout_pas
         "retried for {retried:?} only"
     );
     // The audit takes the DLQ copy for the output no replay can say was refused.
-    let b = bootstrap();
-    let (code, report) = audit_json(&[
-        "--bootstrap-servers",
-        &b,
-        "--input-topics",
-        &topics.input,
-        "--output-topic",
-        &topics.output,
-        "--dlq-topic",
-        &topics.dlq,
-        "--group-id",
-        &group,
-        "--jq",
-        ROUTE,
-        "--envelope",
-    ]);
+    let (code, report) = audit_of(&topics, &group, &["--jq", ROUTE, "--envelope"]);
     assert_eq!(code, 0, "{report:#}");
     assert_eq!(report["route_refused"], 1, "{report:#}");
     eprintln!(
@@ -298,17 +294,7 @@ fn a_topic_created_30_s_late_still_gets_the_records_routed_to_it() {
     let topics = Topics::create("late", 2, 1);
     let group = unique("late-g");
     let late = unique("late-topic");
-    let inputs: Vec<In> = (0..200usize)
-        .map(|i| {
-            let v = if i % 7 == 3 {
-                json!({"id": i, "route": late})
-            } else {
-                json!({"id": i})
-            };
-            In::json((i % 2) as i32, &format!("k{i}"), v)
-        })
-        .collect();
-    produce(&topics.input, &inputs);
+    produce(&topics.input, &routed(0..200, 2, |i| i % 7 == 3, &late));
 
     let mut args = base_args(&topics, &group, "late-0");
     args.extend(["--jq", ROUTE, "--envelope"].map(String::from));
@@ -345,19 +331,8 @@ fn a_route_past_the_bound_is_tried_again_and_takes_records_once_it_exists() {
     let topics = Topics::create("quarantine", 1, 1);
     let group = unique("quarantine-g");
     let late = unique("quarantine-topic");
-    let routed = |from: usize| -> Vec<In> {
-        (from..from + 20)
-            .map(|i| {
-                let v = if i % 5 == 0 {
-                    json!({"id": i, "route": late})
-                } else {
-                    json!({"id": i})
-                };
-                In::json(0, &format!("k{i}"), v)
-            })
-            .collect()
-    };
-    produce(&topics.input, &routed(0));
+    let batch = |from: usize| routed(from..from + 20, 1, |i| i % 5 == 0, &late);
+    produce(&topics.input, &batch(0));
     let mut args = base_args(&topics, &group, "quarantine-0");
     args.extend(
         [
@@ -380,7 +355,7 @@ fn a_route_past_the_bound_is_tried_again_and_takes_records_once_it_exists() {
     let batches = std::cell::Cell::new(1);
     ex.wait_log("records in the new topic", Duration::from_secs(120), |ex| {
         if committed_total(&group, &topics.input) == 20 * batches.get() as i64 {
-            produce(&topics.input, &routed(20 * batches.get()));
+            produce(&topics.input, &batch(20 * batches.get()));
             batches.set(batches.get() + 1);
         }
         ex.has_exited() || !read_all(&late, "read_committed").is_empty()

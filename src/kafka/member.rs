@@ -67,13 +67,29 @@ fn parse(bytes: &[u8]) -> Option<Member> {
     Some(Member { generation, id })
 }
 
+/// A consumer of group `g` on a mock cluster with topic `topic`, not joined yet.
+#[cfg(test)]
+pub(crate) fn unjoined_mock_consumer(
+    topic: &str,
+) -> (
+    rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    rdkafka::consumer::BaseConsumer,
+) {
+    let cluster = rdkafka::mocking::MockCluster::new(1).expect("mock cluster");
+    cluster.create_topic(topic, 1, 1).expect("topic");
+    let consumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .set("group.id", "g")
+        .create()
+        .expect("consumer");
+    (cluster, consumer)
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, Instant};
 
-    use rdkafka::ClientConfig;
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::mocking::MockCluster;
+    use rdkafka::consumer::Consumer;
 
     use super::*;
 
@@ -109,13 +125,7 @@ mod tests {
 
     #[test]
     fn a_consumer_is_no_member_before_it_joined_and_one_after() {
-        let cluster = MockCluster::new(1).expect("mock cluster");
-        cluster.create_topic("t", 1, 1).expect("topic");
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", cluster.bootstrap_servers())
-            .set("group.id", "g")
-            .create()
-            .expect("consumer");
+        let (_cluster, consumer) = unjoined_mock_consumer("t");
         let before = of(consumer.client()).expect("metadata");
         assert!(!before.joined(), "{before:?}");
         consumer.subscribe(&["t"]).expect("subscribe");

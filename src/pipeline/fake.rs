@@ -182,7 +182,6 @@ impl Sink for FakeSink {
             return Err(Failed::Unroutable {
                 topic: r.topic.to_string(),
                 error: "UNKNOWN_TOPIC_OR_PARTITION",
-                denied: false,
             });
         }
         if b.fail_sends > 0 {
@@ -557,16 +556,14 @@ impl Core {
         let bounds = Bounds::new(health.clone(), Duration::from_secs(5));
         let sink = Box::new(FakeSink(broker.clone()));
         let timeout = Duration::from_secs(1);
-        let mut driver =
+        let driver =
             Driver::start(sink, bounds, timeout, metrics.clone(), shutdown.clone()).unwrap();
-        // A refused route is the record's fault at once: no clock to wait for in a test.
-        let fixed = vec!["out".to_string(), "out.dlq".to_string()];
-        driver.set_routes(crate::sink::routes::Routes::new(Duration::ZERO, fixed));
         let policy = Policy {
             output_topic: "out".into(),
             errors: ErrorPolicy {
                 on_error: OnError::Dlq,
                 dlq_topic: "out.dlq".into(),
+                // A refused route is the record's fault at once: no clock to wait for here.
                 route_timeout: Duration::ZERO,
             },
             lineage: true,

@@ -41,7 +41,6 @@ use crate::health::Health;
 use crate::kafka::{Role, raw_headers};
 use crate::lag::Positions;
 use crate::metrics::Metrics;
-use crate::sink::routes::Routes;
 use crate::sink::{self, Driver};
 use crate::transform::InputRecord;
 pub use context::{PipelineConsumer, PipelineContext};
@@ -89,11 +88,6 @@ pub fn run(
     // The lag counts from what is committed.
     let committed = positions.clone();
     driver.on_commit(move |offsets| committed.committed(offsets));
-    let fixed = vec![
-        config.sink.output_topic.clone(),
-        config.errors.dlq_topic.clone(),
-    ];
-    driver.set_routes(Routes::new(config.errors.route_timeout, fixed));
     let policy = Policy {
         output_topic: config.sink.output_topic.clone(),
         errors: config.errors.clone(),

@@ -20,6 +20,7 @@ use crate::health::Health;
 use crate::metrics::{Metrics, RecordCounters};
 use crate::records::{self, Outgoing};
 use crate::sink::rejected::{Form, Source, Verdict};
+use crate::sink::routes::Routes;
 use crate::sink::{Began, Consumed, Driver, SendError};
 use crate::transform::{Failure, InputRecord, OutputRecord, Reason, TransformError};
 
@@ -57,6 +58,13 @@ impl Writer {
         health: Arc<Health>,
         shutdown: CancellationToken,
     ) -> Writer {
+        let mut driver = driver;
+        // The output and dead-letter topics are no routes.
+        driver.set_routes(Routes::new(
+            policy.errors.route_timeout,
+            &policy.output_topic,
+            &policy.errors.dlq_topic,
+        ));
         Writer {
             driver,
             policy,

@@ -203,11 +203,7 @@ impl Driver {
                 Err(SendError::Aborted)
             }
             Err(Failed::Exit(e)) => Err(SendError::Fatal(e)),
-            Err(Failed::Unroutable {
-                topic,
-                error,
-                denied,
-            }) => self.unroutable_send(&topic, error, denied),
+            Err(Failed::Unroutable { topic, error }) => self.unroutable_send(&topic, error),
         }
     }
 

@@ -228,23 +228,13 @@ fn stale_if_timed_out(p: &TrackedProducer, e: &rdkafka::error::KafkaError) {
 mod tests {
     use std::sync::Arc;
 
-    use rdkafka::ClientConfig;
-    use rdkafka::consumer::BaseConsumer;
-    use rdkafka::mocking::MockCluster;
-
     use super::*;
     use crate::config::Guarantee;
     use crate::health::Health;
 
     #[test]
     fn a_consumer_that_has_not_joined_commits_no_offsets() {
-        let cluster = MockCluster::new(1).expect("mock cluster");
-        cluster.create_topic("in", 1, 1).expect("topic");
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", cluster.bootstrap_servers())
-            .set("group.id", "g")
-            .create()
-            .expect("consumer");
+        let (cluster, consumer) = kafka::member::unjoined_mock_consumer("in");
         // Metadata, but with no generation or member id: not fenced by the group.
         assert!(Group::metadata(&consumer).is_some());
         let kafka = Settings {

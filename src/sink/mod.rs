@@ -197,14 +197,12 @@ pub enum Failed {
     /// A record is larger than the client takes: the record's fault.
     TooLarge,
     /// The record's destination refuses it for what the destination is: it does not exist
-    /// (`denied` false) or may not be written (`denied`).
+    /// or may not be written (`error::refused_route`).
     Unroutable {
         /// The destination.
         topic: String,
         /// Its name for the error.
         error: &'static str,
-        /// A permission is missing.
-        denied: bool,
     },
     /// Nothing to do at run time: stop the process.
     Exit(Error),

@@ -124,7 +124,7 @@ impl ClientContext for DeliveryContext {
         }
         if let Some(topic) = crate::kafka::denied_partition(facility, message) {
             let mut routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
-            routes.push((topic.to_string(), "TOPIC_AUTHORIZATION_FAILED"));
+            routes.push((topic.to_string(), crate::error::TOPIC_DENIED));
         }
         // As rust-rdkafka's default callback logs them, under its target.
         match level {
@@ -280,14 +280,11 @@ impl TrackedProducer {
                 Err((RDKafkaErrorCode::MessageSizeTooLarge, _)) => {
                     return Err(Failed::TooLarge);
                 }
-                Err((code, _)) if refused_route(code).is_some() => {
-                    return Err(Failed::Unroutable {
-                        topic: topic.to_string(),
-                        error: refused_route(code).unwrap_or("UNKNOWN_TOPIC_OR_PARTITION"),
-                        denied: code == RDKafkaErrorCode::TopicAuthorizationFailed,
-                    });
-                }
                 Err((code, _)) => {
+                    if let Some(error) = refused_route(code) {
+                        let topic = topic.to_string();
+                        return Err(Failed::Unroutable { topic, error });
+                    }
                     let e = KafkaError::MessageProduction(code);
                     return Err(match classify(KafkaCall::Produce, &Facts::of(&e)) {
                         Action::Exit => Failed::exit("producing", e),

@@ -17,6 +17,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use crate::error::TOPIC_DENIED;
+
 /// The longest pause between two refusals of a route that is being retried: a new producer's
 /// first send there waits for librdkafka to call the topic missing
 /// (`topic.metadata.propagation.max.ms`, at most 30 s), and the producer's back-off adds up to
@@ -42,7 +44,7 @@ struct Refusal {
 pub struct Routes {
     bound: Duration,
     /// The output and dead-letter topics: never routes.
-    fixed: Vec<String>,
+    fixed: [String; 2],
     refusing: HashMap<String, Refusal>,
     /// Refusing routes sent to in the open unit.
     sent: HashSet<String>,
@@ -56,16 +58,17 @@ pub struct Routes {
 impl Default for Routes {
     /// No route ever becomes the record's fault.
     fn default() -> Self {
-        Routes::new(Duration::MAX, Vec::new())
+        Routes::new(Duration::MAX, "", "")
     }
 }
 
 impl Routes {
-    /// A destination refusing for `bound` makes its records bad ones; `fixed` are no routes.
-    pub fn new(bound: Duration, fixed: Vec<String>) -> Routes {
+    /// A destination refusing for `bound` makes its records bad ones; the `output` and `dlq`
+    /// topics are no routes.
+    pub fn new(bound: Duration, output: &str, dlq: &str) -> Routes {
         Routes {
             bound,
-            fixed,
+            fixed: [output.to_string(), dlq.to_string()],
             refusing: HashMap::new(),
             sent: HashSet::new(),
             refused_now: HashSet::new(),
@@ -108,7 +111,7 @@ impl Routes {
             e.quarantine = Some(now + bound);
         }
         self.refused_now.insert(topic.to_string());
-        self.denied |= error == "TOPIC_AUTHORIZATION_FAILED";
+        self.denied |= error == TOPIC_DENIED;
         true
     }
 
@@ -183,14 +186,11 @@ mod tests {
     use super::*;
 
     const MISSING: &str = "UNKNOWN_TOPIC_OR_PARTITION";
-    const DENIED: &str = "TOPIC_AUTHORIZATION_FAILED";
+    const DENIED: &str = TOPIC_DENIED;
 
     fn routes() -> (Routes, impl Fn(u64) -> Instant) {
         let t0 = Instant::now();
-        let r = Routes::new(
-            Duration::from_secs(60),
-            vec!["out".into(), "out.dlq".into()],
-        );
+        let r = Routes::new(Duration::from_secs(60), "out", "out.dlq");
         (r, move |s| t0 + Duration::from_secs(s))
     }
 

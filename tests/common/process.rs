@@ -217,6 +217,25 @@ pub fn audit_json(args: &[&str]) -> (i32, serde_json::Value) {
     (out.status.code().unwrap_or(-1), report)
 }
 
+/// `exactly audit --json` of `topics` for `group`, with `extra` arguments (the transform).
+pub fn audit_of(topics: &Topics, group: &str, extra: &[&str]) -> (i32, serde_json::Value) {
+    let b = bootstrap();
+    let mut args = vec![
+        "--bootstrap-servers",
+        &b,
+        "--input-topics",
+        &topics.input,
+        "--output-topic",
+        &topics.output,
+        "--dlq-topic",
+        &topics.dlq,
+        "--group-id",
+        group,
+    ];
+    args.extend(extra);
+    audit_json(&args)
+}
+
 /// Partition numbers in a logged assignment like `topic[0,1,2]`.
 pub fn partitions_of(owned: &str) -> Vec<i32> {
     owned

@@ -28,7 +28,6 @@ impl Driver {
         &mut self,
         topic: &str,
         error: &'static str,
-        denied: bool,
     ) -> Result<(), SendError> {
         if self.routes.refused(topic, error, Instant::now()) {
             warn!(
@@ -37,7 +36,7 @@ impl Driver {
             );
             return self.aborted(AbortReason::RouteRefused);
         }
-        if denied {
+        if error == crate::error::TOPIC_DENIED {
             // The output or dead-letter topic itself: nothing to do at run time.
             return Err(SendError::Fatal(Error::Denied(format!(
                 "may not write topic '{topic}' ({error})"
