@@ -219,7 +219,15 @@ PY
     scram+=(--add-scram "SCRAM-SHA-512=[name=$name,password=$(password "$name")]")
   done
   local cluster
-  cluster=$(python3 -c 'import base64,uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
+  # Base64 of a random UUID, as Kafka's own: never starting with '-', which the storage tool's
+  # argument parser would take for an option (1 start in 64 failed CI so).
+  cluster=$(python3 -c '
+import base64, uuid
+while True:
+    id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    if not id.startswith("-"):
+        print(id)
+        break')
   "${jvm[@]}" kafka.tools.StorageTool format -t "$cluster" -c "$run/server.properties" \
     "${scram[@]}" >"$run/format.log" 2>&1 || { cat "$run/format.log" >&2; return 1; }
 }
