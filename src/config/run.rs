@@ -252,6 +252,8 @@ pub struct SinkConfig {
     pub transaction_timeout: Duration,
     /// How long start-up waits for the sink to connect.
     pub startup_timeout: Duration,
+    /// `--commit-interval`: how long a unit stays open.
+    pub commit_interval: Duration,
 }
 
 /// When the open transaction commits: whichever bound it reaches first.
@@ -345,14 +347,27 @@ impl RunArgs {
                 "--lag-interval: must be between 100ms and 1h".into(),
             ));
         }
+        let kafka = Settings {
+            bootstrap_servers: self.bootstrap_servers,
+            client_id: format!("exactly-{}", group.instance_id),
+            common: self.client.resolve()?,
+            consumer: self.consumer_config,
+            producer: self.producer_config,
+        };
+        if sink.guarantee == Guarantee::ExactlyOnce {
+            kafka
+                .check_propagation(sink.transaction_timeout, sink.commit_interval)
+                .map_err(|e| {
+                    let ours = |(k, _): &(String, String)| k.starts_with("topic.metadata.prop");
+                    let flag = match kafka.producer.iter().any(ours) {
+                        true => "--producer-config",
+                        false => "--kafka-config",
+                    };
+                    Error::Config(format!("{flag}: {e}"))
+                })?;
+        }
         Ok(Config {
-            kafka: Settings {
-                bootstrap_servers: self.bootstrap_servers,
-                client_id: format!("exactly-{}", group.instance_id),
-                common: self.client.resolve()?,
-                consumer: self.consumer_config,
-                producer: self.producer_config,
-            },
+            kafka,
             group,
             sink,
             commit,
@@ -483,6 +498,7 @@ impl RunArgs {
             transactional_id,
             transaction_timeout: tt,
             startup_timeout: self.startup_timeout,
+            commit_interval: self.commit_interval,
         })
     }
 
@@ -864,5 +880,21 @@ mod tests {
         let c = parse(&["--transactional-id", "fixed", "--static-membership"]).unwrap();
         assert_eq!(c.sink.transactional_id, "fixed");
         assert!(c.group.static_membership);
+    }
+
+    #[test]
+    fn a_propagation_wait_longer_than_a_record_may_wait_is_refused_naming_its_flag() {
+        let key = "topic.metadata.propagation.max.ms";
+        let late = format!("{key}=60000");
+        let e = parse(&["--producer-config", &late]).unwrap_err();
+        assert!(
+            e.starts_with("--producer-config: ") && e.contains(key),
+            "{e}"
+        );
+        let e = parse(&["--kafka-config", &late]).unwrap_err();
+        assert!(e.starts_with("--kafka-config: "), "{e}");
+        // At-least-once has no transaction to outlive; a shorter wait is fine.
+        assert!(parse(&["--producer-config", &late, "--guarantee", "at-least-once"]).is_ok());
+        assert!(parse(&["--producer-config", &format!("{key}=10000")]).is_ok());
     }
 }

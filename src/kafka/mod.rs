@@ -209,6 +209,8 @@ pub enum Role<'a> {
         id: &'a str,
         /// `transaction.timeout.ms`.
         timeout: Duration,
+        /// `--commit-interval`: how long a transaction stays open.
+        interval: Duration,
     },
     /// The idempotent producer of at-least-once (no transactions).
     Idempotent,
@@ -248,7 +250,44 @@ impl Isolation {
     }
 }
 
+/// The longest exactly lets librdkafka wait before it calls a topic missing.
+const PROPAGATION: Duration = Duration::from_secs(30);
+
 impl Settings {
+    /// How long a record routed to a missing topic may wait for librdkafka to call the topic
+    /// missing (`topic.metadata.propagation.max.ms`): it must be refused before it times out
+    /// (`message.timeout.ms`, which only replaces the producer, whose next send waits as long
+    /// again) and before its transaction does (sent as late as `interval` into it), so that
+    /// `sink::routes` sees the refusal.
+    pub fn route_wait(&self, timeout: Duration, interval: Duration) -> Duration {
+        let within = timeout.saturating_sub(interval);
+        let message = ["message.timeout.ms", "delivery.timeout.ms"]
+            .into_iter()
+            .filter_map(|key| user_ms(self.common.iter().chain(&self.producer), key))
+            .min()
+            .filter(|&ms| ms > 0);
+        message.map_or(within, |ms| within.min(Duration::from_millis(ms)))
+    }
+
+    /// A `topic.metadata.propagation.max.ms` the user set that leaves a record routed to a
+    /// missing topic timing out before it is refused (see [`Settings::route_wait`]).
+    pub fn check_propagation(&self, timeout: Duration, interval: Duration) -> Result<(), String> {
+        let key = "topic.metadata.propagation.max.ms";
+        let Some(set) = user_ms(self.common.iter().chain(&self.producer), key) else {
+            return Ok(());
+        };
+        let wait = self.route_wait(timeout, interval);
+        if u128::from(set) < wait.as_millis() {
+            return Ok(());
+        }
+        Err(format!(
+            "{key}: {set} ms leaves a record routed to a missing topic timing out before it is \
+             refused; it must be shorter than {} ms (message.timeout.ms, or \
+             --transaction-timeout less --commit-interval)",
+            wait.as_millis()
+        ))
+    }
+
     /// The librdkafka settings of `role`: its defaults, the user's keys, its fixed keys.
     pub fn to_rdkafka(&self, role: Role<'_>) -> ClientConfig {
         let mut defaults: Vec<(&str, String)> = Vec::new();
@@ -283,13 +322,13 @@ impl Settings {
                 }
                 &self.consumer
             }
-            Role::Transactional { id, timeout } => {
+            Role::Transactional {
+                id,
+                timeout,
+                interval,
+            } => {
                 defaults.push(("client.id", self.client_id.clone()));
-                // librdkafka calls a topic missing after this long, and a record waits at most
-                // message.timeout.ms, the transaction timeout by default: a record routed to a
-                // missing topic must be refused before it times out (which only replaces the
-                // producer, whose next send waits as long again), so `sink::routes` sees it.
-                let propagation = (timeout / 2).min(Duration::from_secs(30));
+                let propagation = (self.route_wait(timeout, interval) / 2).min(PROPAGATION);
                 defaults.push((
                     "topic.metadata.propagation.max.ms",
                     propagation.as_millis().to_string(),
@@ -387,12 +426,15 @@ fn max_poll_interval<'a>(
     poll_bound: Duration,
     user: impl Iterator<Item = &'a (String, String)>,
 ) -> String {
-    let session = user
-        .filter(|(k, _)| k == "session.timeout.ms")
-        .last()
-        .and_then(|(_, v)| v.trim().parse::<u128>().ok())
-        .unwrap_or(SESSION_TIMEOUT_MS);
+    let session = user_ms(user, "session.timeout.ms").map_or(SESSION_TIMEOUT_MS, u128::from);
     poll_bound.as_millis().max(session).to_string()
+}
+
+/// The milliseconds the user gave `key` (the last time, where given twice).
+fn user_ms<'a>(user: impl Iterator<Item = &'a (String, String)>, key: &str) -> Option<u64> {
+    user.filter(|(k, _)| k == key)
+        .last()
+        .and_then(|(_, v)| v.trim().parse().ok())
 }
 
 /// librdkafka's flush, waiting up to `timeout` for every outstanding delivery.
@@ -510,6 +552,7 @@ mod tests {
             Role::Transactional {
                 id: "t",
                 timeout: Duration::from_secs(60),
+                interval: Duration::from_secs(1),
             },
             Role::Idempotent,
             Role::EndOffsets {
@@ -643,27 +686,75 @@ mod tests {
         assert_eq!(cc.get("group.instance.id"), Some("pod-0"));
     }
 
+    fn transactional(timeout: u64, interval: u64) -> Role<'static> {
+        Role::Transactional {
+            id: "g-pod-0",
+            timeout: Duration::from_secs(timeout),
+            interval: Duration::from_secs(interval),
+        }
+    }
+
     #[test]
     fn producer_is_transactional() {
         let s = settings(&[], &[]);
-        let pc = s.to_rdkafka(Role::Transactional {
-            id: "g-pod-0",
-            timeout: Duration::from_secs(30),
-        });
+        let pc = s.to_rdkafka(transactional(30, 0));
         assert_eq!(pc.get("transactional.id"), Some("g-pod-0"));
         assert_eq!(pc.get("transaction.timeout.ms"), Some("30000"));
-        assert_eq!(pc.get("topic.metadata.propagation.max.ms"), Some("15000"));
         assert_eq!(pc.get("enable.idempotence"), Some("true"));
-        let short = s.to_rdkafka(Role::Transactional {
-            id: "g-pod-0",
-            timeout: Duration::from_secs(10),
-        });
-        assert_eq!(short.get("topic.metadata.propagation.max.ms"), Some("5000"));
         let pc = s.to_rdkafka(Role::Idempotent);
         assert_eq!(pc.get("transactional.id"), None);
         assert_eq!(pc.get("transaction.timeout.ms"), None);
         assert_eq!(pc.get("enable.idempotence"), Some("true"));
         assert_eq!(pc.get("acks"), Some("all"));
+    }
+
+    #[test]
+    fn a_missing_topic_is_called_missing_before_its_record_times_out() {
+        let propagation = |s: &Settings, t, ci| {
+            let pc = s.to_rdkafka(transactional(t, ci));
+            pc.get("topic.metadata.propagation.max.ms")
+                .map(str::to_owned)
+        };
+        let s = settings(&[], &[]);
+        assert_eq!(
+            propagation(&s, 120, 1).as_deref(),
+            Some("30000"),
+            "at most 30 s"
+        );
+        assert_eq!(propagation(&s, 30, 0).as_deref(), Some("15000"));
+        // A record sent 5 s into a 10 s transaction has 5 s left.
+        assert_eq!(propagation(&s, 10, 5).as_deref(), Some("2500"));
+        let timeout = |t| Duration::from_secs(t);
+        // A record waits at most message.timeout.ms (or its alias), 0 meaning no bound.
+        let short = settings(&[], &[("delivery.timeout.ms", "4000")]);
+        assert_eq!(propagation(&short, 60, 0).as_deref(), Some("2000"));
+        let unbounded = settings(&[], &[("message.timeout.ms", "0")]);
+        assert_eq!(propagation(&unbounded, 10, 0).as_deref(), Some("5000"));
+        // The user's value stands unless the record would time out first.
+        let fine = settings(&[], &[("topic.metadata.propagation.max.ms", "9999")]);
+        assert_eq!(propagation(&fine, 60, 0).as_deref(), Some("9999"));
+        assert_eq!(fine.check_propagation(timeout(60), timeout(0)), Ok(()));
+        assert_eq!(
+            fine.check_propagation(timeout(9), timeout(0))
+                .map_err(|_| ()),
+            Err(())
+        );
+        let late = settings(
+            &[],
+            &[
+                ("message.timeout.ms", "5000"),
+                ("topic.metadata.propagation.max.ms", "5000"),
+            ],
+        );
+        let e = late.check_propagation(timeout(60), timeout(0)).unwrap_err();
+        assert!(
+            e.contains("topic.metadata.propagation.max.ms") && e.contains("5000"),
+            "{e}"
+        );
+        assert_eq!(
+            settings(&[], &[]).check_propagation(timeout(10), timeout(5)),
+            Ok(())
+        );
     }
 
     #[test]

@@ -83,6 +83,8 @@ pub struct Broker {
     pub missing: Vec<String>,
     /// Outputs (not DLQ records) whose value holds this are refused for what they are.
     pub refuse: Option<Vec<u8>>,
+    /// What each unit asked of `watch_routes`, in order.
+    pub watched: Vec<bool>,
     refused: Vec<Rejection>,
 }
 
@@ -221,6 +223,10 @@ impl Sink for FakeSink {
 
     fn settle(&mut self, _: &Bounds) -> bool {
         true
+    }
+
+    fn watch_routes(&mut self, on: bool) {
+        lock(&self.0).watched.push(on);
     }
 
     fn take_rejections(&mut self, _: Duration) -> Vec<Rejection> {

@@ -338,6 +338,8 @@ fn a_record_routed_to_a_topic_that_keeps_refusing_goes_to_the_dead_letter_topic_
     assert_eq!(b.lineages("out.dlq"), lineages(&[(0, 1)]));
     let dlq: Vec<_> = b.outputs.iter().filter(|o| o.topic == "out.dlq").collect();
     assert_eq!(dlq[0].reason.as_deref(), Some("route_refused"));
+    // Deliveries are watched (for the evidence that clears a route) only while one refuses.
+    assert_eq!(b.watched[..2], [false, true]);
     let aborted = r#"exactly_transaction_aborts_total{reason="route_refused"}"#;
     drop(b);
     assert_eq!(sample(&core, aborted).as_deref(), Some("1"));

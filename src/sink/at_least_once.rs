@@ -62,6 +62,14 @@ impl Sink for AtLeastOnce {
         self.p().take_refused_routes()
     }
 
+    fn watch_routes(&mut self, on: bool) {
+        self.p().watch_routes(on)
+    }
+
+    fn take_accepted_routes(&mut self) -> Vec<String> {
+        self.p().take_accepted_routes()
+    }
+
     /// Every output of the unit delivered, then its offsets committed.
     fn commit(
         &mut self,

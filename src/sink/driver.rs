@@ -130,7 +130,8 @@ impl Driver {
             self.renew(AbortReason::RequestTimedOut)?;
         }
         self.rejections.new_unit();
-        self.routes.began();
+        let watch = self.routes.began(Instant::now());
+        self.sink.watch_routes(watch);
         let reason = match self.sink.begin(&self.bounds) {
             Ok(()) => {
                 self.state = State::Open(Unit::new());
@@ -332,7 +333,6 @@ impl Driver {
         let denied = self.sink.take_denied();
         self.collect_routes();
         let route_denied = self.routes.take_denied();
-        self.routes.aborted();
         if let Some(denied) = denied.filter(|_| !route_denied) {
             let ended = match result {
                 Ok(()) => self.sink.ended(),
@@ -364,6 +364,9 @@ impl Driver {
     fn learn(&mut self, alone: bool) {
         let rejections = self.sink.take_rejections(Duration::from_secs(1));
         self.collect_routes();
+        // Then the unit's routes that took records (reported meanwhile) are cleared.
+        self.routes.accepted(self.sink.take_accepted_routes());
+        self.routes.aborted();
         if self.rejections.learn(rejections, alone) {
             // The replay sends something else for those records: progress, not an outage,
             // so the abort does not add to the back-off.

@@ -25,6 +25,7 @@ impl ExactlyOnce {
         let role = Role::Transactional {
             id: &c.transactional_id,
             timeout: c.transaction_timeout,
+            interval: c.commit_interval,
         };
         ExactlyOnce {
             connection: Connection::new(kafka.to_rdkafka(role), &c.output_topic),
@@ -87,6 +88,14 @@ impl Sink for ExactlyOnce {
 
     fn take_refused_routes(&mut self) -> Vec<(String, &'static str)> {
         self.p().take_refused_routes()
+    }
+
+    fn watch_routes(&mut self, on: bool) {
+        self.p().watch_routes(on)
+    }
+
+    fn take_accepted_routes(&mut self) -> Vec<String> {
+        self.p().take_accepted_routes()
     }
 
     fn take_denied(&mut self) -> Option<String> {
@@ -250,6 +259,7 @@ mod tests {
             transactional_id: "t-unjoined".into(),
             transaction_timeout: Duration::from_secs(10),
             startup_timeout: Duration::from_secs(10),
+            commit_interval: Duration::from_millis(100),
         };
         let bounds = Bounds::new(Arc::new(Health::default()), Duration::from_secs(10));
         let mut sink = ExactlyOnce::new(&kafka, &config);

@@ -86,6 +86,14 @@ impl Sink for Faults {
         self.inner.take_refused_routes()
     }
 
+    fn watch_routes(&mut self, on: bool) {
+        self.inner.watch_routes(on)
+    }
+
+    fn take_accepted_routes(&mut self) -> Vec<String> {
+        self.inner.take_accepted_routes()
+    }
+
     fn take_denied(&mut self) -> Option<String> {
         self.inner.take_denied()
     }

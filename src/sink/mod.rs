@@ -80,6 +80,14 @@ pub trait Sink: Send {
     fn take_refused_routes(&mut self) -> Vec<(String, &'static str)> {
         Vec::new()
     }
+    /// From now on (`on`) the sink keeps the topics it delivers records to, for
+    /// `take_accepted_routes`; forgets those kept so far. Called as each unit begins, on while a
+    /// route is refusing (the evidence that clears it: `sink::routes`).
+    fn watch_routes(&mut self, _on: bool) {}
+    /// The topics that took a record since `watch_routes(true)` or the last take.
+    fn take_accepted_routes(&mut self) -> Vec<String> {
+        Vec::new()
+    }
     /// Why a unit failed for want of a permission since the last take, if one did: no retry
     /// fixes that, unless the permission was a route's (`take_refused_routes`).
     fn take_denied(&mut self) -> Option<String> {

@@ -106,6 +106,10 @@ pub struct DeliveryContext {
     stale: AtomicBool,
     /// Destinations that refused records for what they are (see `Sink::take_refused_routes`).
     routes: Mutex<Vec<(String, &'static str)>>,
+    /// Keep the topics deliveries reach (see `Sink::watch_routes`).
+    watching: AtomicBool,
+    /// The topics deliveries reached while watching.
+    accepted: Mutex<Vec<String>>,
 }
 
 impl ClientContext for DeliveryContext {
@@ -151,6 +155,12 @@ impl ProducerContext for DeliveryContext {
     type DeliveryOpaque = usize;
 
     fn delivery(&self, result: &DeliveryResult<'_>, index: usize) {
+        if let (Ok(message), true) = (result, self.watching.load(Ordering::Relaxed)) {
+            let mut accepted = self.accepted.lock().unwrap_or_else(|p| p.into_inner());
+            if !accepted.iter().any(|t| t == message.topic()) {
+                accepted.push(message.topic().to_string());
+            }
+        }
         if let Err((e, message)) = result {
             debug!(error = %e, "delivery failed; the batch will not commit");
             self.failed.fetch_add(1, Ordering::SeqCst);
@@ -192,6 +202,8 @@ impl TrackedProducer {
             rejections: Mutex::default(),
             stale: AtomicBool::new(false),
             routes: Mutex::default(),
+            watching: AtomicBool::new(false),
+            accepted: Mutex::default(),
         };
         let inner: ThreadedProducer<DeliveryContext> = config.create_with_context(context)?;
         Ok(TrackedProducer(crate::kafka::produce::HandleProducer::new(
@@ -350,6 +362,23 @@ impl TrackedProducer {
         std::mem::take(&mut *ctx.routes.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
+    /// Keeps the topics deliveries reach from now on (`on`), forgetting those kept so far (see
+    /// `Sink::watch_routes`).
+    pub fn watch_routes(&self, on: bool) {
+        let ctx = self.inner().context();
+        ctx.watching.store(on, Ordering::Relaxed);
+        ctx.accepted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    /// The topics deliveries reached since the last take, while watching.
+    pub fn take_accepted_routes(&self) -> Vec<String> {
+        let ctx = self.inner().context();
+        std::mem::take(&mut *ctx.accepted.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
     /// Why a transaction of this producer failed for want of a permission since the last take,
     /// if one did.
     pub fn take_denied(&self) -> Option<String> {
@@ -397,4 +426,64 @@ fn timed_out(code: RDKafkaErrorCode) -> bool {
             | RDKafkaErrorCode::OperationTimedOut
             | RDKafkaErrorCode::TimedOutQueue
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+
+    use rdkafka::message::OwnedHeaders;
+    use rdkafka::mocking::MockCluster;
+
+    use super::*;
+    use crate::records::Outgoing;
+
+    #[test]
+    fn the_topics_deliveries_reach_are_kept_only_while_watching() {
+        let cluster = MockCluster::new(1).expect("mock cluster");
+        for t in ["a", "b"] {
+            cluster.create_topic(t, 1, 1).expect("topic");
+        }
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", cluster.bootstrap_servers());
+        let p = TrackedProducer::create(&config, Arc::default()).expect("producer");
+        let bounds = Bounds::new(Arc::default(), Duration::from_secs(10));
+        let send = |topic: &str| {
+            let mut out = Outgoing {
+                topic: None,
+                key: None,
+                value: Some(Cow::Borrowed(&b"v"[..])),
+                headers: OwnedHeaders::new(),
+            };
+            let record = Record {
+                topic,
+                out: &mut out,
+                timestamp: None,
+                index: 0,
+            };
+            p.send(record, &bounds).expect("sent");
+        };
+        let reported = |p: &TrackedProducer| {
+            assert!(p.wait_for_reports(Duration::from_secs(10)), "reports");
+            let mut got = p.take_accepted_routes();
+            got.sort();
+            got
+        };
+        send("a");
+        assert!(reported(&p).is_empty(), "not watching");
+        p.watch_routes(true);
+        for t in ["a", "b", "a"] {
+            send(t);
+        }
+        assert_eq!(reported(&p), ["a", "b"]);
+        assert!(reported(&p).is_empty(), "taken");
+        send("b");
+        assert!(p.wait_for_reports(Duration::from_secs(10)));
+        // A new unit forgets what the last one reached.
+        p.watch_routes(true);
+        assert!(reported(&p).is_empty());
+        p.watch_routes(false);
+        send("a");
+        assert!(reported(&p).is_empty(), "watching stopped");
+    }
 }

@@ -8,21 +8,26 @@
 //! delivery), and becomes the record's once the destination has kept refusing for
 //! `--route-timeout`: the route is *quarantined* for as long again, its records following
 //! `--on-error` with reason `route_refused`, naming the topic. Then it is tried again (one
-//! unit, one abort if it still refuses, which quarantines it at once). A unit that sends to
-//! the route and ends without its refusal (committed, or aborted for something else) clears
-//! it; so does a pause in its refusals longer than [`GAP`] (nothing was routed there). The
-//! main output and the dead-letter topic are no routes: a refusal there stays the
-//! configuration error it is.
+//! unit, one abort if it still refuses, which quarantines it at once). Only evidence clears a
+//! route: a unit that sent there and committed, or a record delivered there in a unit that
+//! aborted for something else (a record merely not refused yet proves nothing: librdkafka
+//! forgets a missing topic after 100 ms and queues the next send for as long as the first).
+//! A route not refused nor quarantined for longer than [`GAP`] when a unit begins is
+//! forgotten (nothing was routed there): its next refusal starts a new bound. The main output
+//! and the dead-letter topic are no routes: a refusal there stays the configuration error it
+//! is. A record is routed again after a rewind, so at-least-once can write one copy to the
+//! DLQ (quarantined) and a later one to the route (tried again and taken).
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use crate::error::TOPIC_DENIED;
 
-/// The longest pause between two refusals of a route that is being retried: a new producer's
-/// first send there waits for librdkafka to call the topic missing
-/// (`topic.metadata.propagation.max.ms`, at most 30 s), and the producer's back-off adds up to
-/// 10 s. A route not refused for longer (and not quarantined) is tried afresh.
+/// How long a route's refusal outlives it when nothing is routed there: between a unit's
+/// abort (its refusal) and the next unit's begin there are only the back-offs (at most 5 s
+/// after aborts, 10 s to replace a producer) and the rewind. Measured when a unit begins,
+/// never within one, so a long `--commit-interval` (refusals a unit apart) cannot restart
+/// the bound for ever.
 pub const GAP: Duration = Duration::from_secs(60);
 
 /// A destination refusing the records routed to it.
@@ -48,6 +53,8 @@ pub struct Routes {
     refusing: HashMap<String, Refusal>,
     /// Refusing routes sent to in the open unit.
     sent: HashSet<String>,
+    /// Topics that took a record since the open unit began.
+    accepted: HashSet<String>,
     /// Routes refused since the open unit began.
     refused_now: HashSet<String>,
     /// A route was refused a permission since the open unit began: the unit failed for that
@@ -71,6 +78,7 @@ impl Routes {
             fixed: [output.to_string(), dlq.to_string()],
             refusing: HashMap::new(),
             sent: HashSet::new(),
+            accepted: HashSet::new(),
             refused_now: HashSet::new(),
             denied: false,
         }
@@ -81,10 +89,21 @@ impl Routes {
         !self.fixed.iter().any(|f| f == topic)
     }
 
-    /// A unit begins: what was refused in earlier ones is no longer its.
-    pub fn began(&mut self) {
+    /// A unit begins at `now`: what was sent, taken or refused in earlier ones is no longer
+    /// its; routes long quiet are forgotten. Whether any route is refusing (then the sink
+    /// reports the topics that take records: [`Routes::accepted`]).
+    pub fn began(&mut self, now: Instant) -> bool {
+        self.sent.clear();
+        self.accepted.clear();
         self.refused_now.clear();
         self.denied = false;
+        if !self.refusing.is_empty() {
+            self.refusing.retain(|_, e| {
+                let quiet = e.quarantine.map_or(e.last, |until| until.max(e.last));
+                now.saturating_duration_since(quiet) <= GAP
+            });
+        }
+        !self.refusing.is_empty()
     }
 
     /// `topic` refused a record with `error`, at `now`. Whether it is a route (else a refusal
@@ -93,7 +112,7 @@ impl Routes {
         if !self.is_route(topic) {
             return false;
         }
-        let (bound, gap) = (self.bound, GAP.max(self.bound));
+        let bound = self.bound;
         let fresh = Refusal {
             since: now,
             last: now,
@@ -101,10 +120,7 @@ impl Routes {
             quarantine: None,
         };
         let e = self.refusing.entry(topic.to_string()).or_insert(fresh);
-        if e.quarantine.is_none() && now.saturating_duration_since(e.last) > gap {
-            e.since = now;
-        }
-        e.last = now;
+        e.last = e.last.max(now);
         e.error = error;
         if e.quarantine.is_some_and(|until| now >= until) {
             // Tried again after its quarantine, and still refusing.
@@ -139,14 +155,20 @@ impl Routes {
         }
     }
 
-    /// The open unit ended without a commit: its routes that did not refuse take records
-    /// again (the unit failed for something else).
+    /// The sink delivered records of the open unit to `topics`.
+    pub fn accepted(&mut self, topics: impl IntoIterator<Item = String>) {
+        self.accepted.extend(topics);
+    }
+
+    /// The open unit ended without a commit: its routes that took a record and refused none
+    /// take records again (the unit failed for something else).
     pub fn aborted(&mut self) {
         for t in self.sent.drain() {
-            if !self.refused_now.contains(&t) {
+            if self.accepted.contains(&t) && !self.refused_now.contains(&t) {
                 self.refusing.remove(&t);
             }
         }
+        self.accepted.clear();
     }
 
     /// Why a record routed to `topic` at `now` is its own fault, if it is: the route has
@@ -155,17 +177,12 @@ impl Routes {
         if self.refusing.is_empty() {
             return None;
         }
-        let (bound, gap) = (self.bound, GAP.max(self.bound));
+        let bound = self.bound;
         let e = self.refusing.get_mut(topic)?;
         match e.quarantine {
             Some(until) if now < until => {}
             // Tried again: a refusal quarantines it at once.
             Some(_) => return None,
-            None if now.saturating_duration_since(e.last) > gap => {
-                // Nothing was refused there for a while: tried afresh.
-                self.refusing.remove(topic);
-                return None;
-            }
             None if now.saturating_duration_since(e.since) >= bound => {
                 e.quarantine = Some(now + bound);
             }
@@ -194,9 +211,10 @@ mod tests {
         (r, move |s| t0 + Duration::from_secs(s))
     }
 
-    /// A unit that sends to `topic` and is refused at `at`, as the driver sees it.
+    /// A unit that begins at `at`, sends to `topic` and is refused when it aborts at `at`, as
+    /// the driver sees it.
     fn refused_unit(r: &mut Routes, topic: &str, at: Instant) {
-        r.began();
+        r.began(at);
         r.sending(topic);
         r.refused(topic, MISSING, at);
         r.aborted();
@@ -218,6 +236,7 @@ mod tests {
             "{why}"
         );
         // Quarantined for a bound: nothing is sent there, so nothing refreshes it.
+        assert!(r.began(at(120)));
         assert!(r.unroutable("elsewhere", at(120)).is_some());
         // Then tried again: refused, quarantined again at once.
         assert_eq!(r.unroutable("elsewhere", at(122)), None);
@@ -225,11 +244,11 @@ mod tests {
         assert!(r.unroutable("elsewhere", at(123)).is_some());
         // Tried again and committed (the topic was created meanwhile): cleared.
         assert_eq!(r.unroutable("elsewhere", at(183)), None);
-        r.began();
+        assert!(r.began(at(183)));
         r.sending("elsewhere");
         r.committed();
         assert_eq!(r.unroutable("elsewhere", at(183)), None);
-        r.began();
+        assert!(!r.began(at(184)), "nothing refuses any more");
         r.sending("elsewhere");
         r.aborted();
         assert_eq!(r.unroutable("elsewhere", at(500)), None);
@@ -237,37 +256,82 @@ mod tests {
     }
 
     #[test]
-    fn a_route_that_did_not_refuse_in_a_failed_unit_is_cleared() {
+    fn only_a_delivery_clears_a_route_in_a_failed_unit() {
         let (mut r, at) = routes();
         refused_unit(&mut r, "missing", at(0));
         refused_unit(&mut r, "late", at(0));
+        refused_unit(&mut r, "silent", at(0));
         refused_unit(&mut r, "late", at(30));
-        // `late` was created: the next unit sends to both, only `missing` refuses.
-        r.began();
-        r.sending("missing");
-        r.sending("late");
+        refused_unit(&mut r, "silent", at(30));
+        // `late` was created: the next unit sends to all three and aborts for `missing`'s
+        // refusal; `late` took its record, `silent`'s has no report yet (librdkafka queued it
+        // while it looks the topic up again).
+        assert!(r.began(at(50)));
+        for t in ["missing", "late", "silent"] {
+            r.sending(t);
+        }
         r.refused("missing", MISSING, at(50));
+        r.accepted(["late".to_string(), "out".to_string()]);
         r.aborted();
         assert!(r.unroutable("missing", at(61)).is_some());
         assert_eq!(r.unroutable("late", at(61)), None);
+        assert!(
+            r.unroutable("silent", at(61)).is_some(),
+            "no refusal is no evidence"
+        );
     }
 
     #[test]
-    fn an_old_refusal_is_no_reason_to_skip_a_route() {
+    fn what_a_replaced_producer_sent_is_no_later_units() {
+        let (mut r, at) = routes();
+        refused_unit(&mut r, "missing", at(0));
+        // A unit sends there and its producer is replaced: the driver never ends the unit.
+        r.began(at(10));
+        r.sending("missing");
+        // The next unit sends nothing there and commits: the route still refuses.
+        r.began(at(20));
+        r.committed();
+        assert!(r.unroutable("missing", at(61)).is_some());
+    }
+
+    #[test]
+    fn refusals_a_long_unit_apart_still_reach_the_bound() {
+        let (mut r, at) = routes();
+        // --commit-interval 5m: each unit sends at its start and learns the refusal when it
+        // ends, a few seconds before the next begins.
+        for start in [0, 305] {
+            assert_eq!(r.unroutable("elsewhere", at(start)), None, "at {start} s");
+            r.began(at(start));
+            r.sending("elsewhere");
+            r.refused("elsewhere", MISSING, at(start + 300));
+            r.aborted();
+        }
+        assert!(r.unroutable("elsewhere", at(610)).is_some());
+    }
+
+    #[test]
+    fn a_quiet_route_is_forgotten_when_a_unit_begins() {
         let (mut r, at) = routes();
         refused_unit(&mut r, "once", at(0));
-        // Nothing routed there for longer than the gap: tried afresh, and its bound starts
+        // Nothing routed there for longer than the gap: forgotten, and its bound starts
         // again with the next refusal.
+        assert!(r.began(at(GAP.as_secs())));
+        assert!(!r.began(at(GAP.as_secs() + 1)));
         assert_eq!(r.unroutable("once", at(3_600)), None);
         refused_unit(&mut r, "once", at(3_600));
         assert_eq!(r.unroutable("once", at(3_610)), None);
         assert!(r.unroutable("once", at(3_660)).is_some());
+        // A quarantined route nothing is routed to any more: freed a gap after its
+        // quarantine ended.
+        assert!(r.began(at(3_720 + GAP.as_secs())));
+        assert!(!r.began(at(3_721 + GAP.as_secs())));
+        assert!(r.refusing.is_empty());
     }
 
     #[test]
     fn a_denied_route_excuses_its_own_unit_only() {
         let (mut r, at) = routes();
-        r.began();
+        r.began(at(0));
         assert!(r.refused("missing", MISSING, at(0)));
         assert!(!r.denied(), "a missing topic is no permission");
         r.refused("secret", DENIED, at(0));
@@ -275,7 +339,7 @@ mod tests {
         assert!(r.take_denied() && !r.denied());
         // A late report after the decision is forgotten when the next unit begins.
         r.refused("secret", DENIED, at(1));
-        r.began();
+        r.began(at(1));
         assert!(!r.denied());
     }
 }
