@@ -359,9 +359,12 @@ impl RunArgs {
                 .check_propagation(sink.transaction_timeout, sink.commit_interval)
                 .map_err(|e| {
                     let ours = |(k, _): &(String, String)| k.starts_with("topic.metadata.prop");
-                    let flag = match kafka.producer.iter().any(ours) {
-                        true => "--producer-config",
-                        false => "--kafka-config",
+                    let flag = if kafka.producer.iter().any(ours) {
+                        "--producer-config"
+                    } else if self.client.kafka_config.iter().any(ours) {
+                        "--kafka-config"
+                    } else {
+                        "--kafka-config-file"
                     };
                     Error::Config(format!("{flag}: {e}"))
                 })?;
@@ -892,7 +895,7 @@ mod tests {
             "{e}"
         );
         let e = parse(&["--kafka-config", &late]).unwrap_err();
-        assert!(e.starts_with("--kafka-config: "), "{e}");
+        assert!(e.starts_with("--kafka-config: ") && e.contains(key), "{e}");
         // At-least-once has no transaction to outlive; a shorter wait is fine.
         assert!(parse(&["--producer-config", &late, "--guarantee", "at-least-once"]).is_ok());
         assert!(parse(&["--producer-config", &format!("{key}=10000")]).is_ok());

@@ -261,11 +261,9 @@ impl Settings {
     /// `sink::routes` sees the refusal.
     pub fn route_wait(&self, timeout: Duration, interval: Duration) -> Duration {
         let within = timeout.saturating_sub(interval);
-        let message = ["message.timeout.ms", "delivery.timeout.ms"]
-            .into_iter()
-            .filter_map(|key| user_ms(self.common.iter().chain(&self.producer), key))
-            .min()
-            .filter(|&ms| ms > 0);
+        // Two names of one setting: the last given wins, as in librdkafka; 0 is no bound.
+        let keys = ["message.timeout.ms", "delivery.timeout.ms"];
+        let message = user_ms(self.common.iter().chain(&self.producer), &keys).filter(|&ms| ms > 0);
         message.map_or(within, |ms| within.min(Duration::from_millis(ms)))
     }
 
@@ -273,7 +271,7 @@ impl Settings {
     /// missing topic timing out before it is refused (see [`Settings::route_wait`]).
     pub fn check_propagation(&self, timeout: Duration, interval: Duration) -> Result<(), String> {
         let key = "topic.metadata.propagation.max.ms";
-        let Some(set) = user_ms(self.common.iter().chain(&self.producer), key) else {
+        let Some(set) = user_ms(self.common.iter().chain(&self.producer), &[key]) else {
             return Ok(());
         };
         let wait = self.route_wait(timeout, interval);
@@ -426,13 +424,13 @@ fn max_poll_interval<'a>(
     poll_bound: Duration,
     user: impl Iterator<Item = &'a (String, String)>,
 ) -> String {
-    let session = user_ms(user, "session.timeout.ms").map_or(SESSION_TIMEOUT_MS, u128::from);
+    let session = user_ms(user, &["session.timeout.ms"]).map_or(SESSION_TIMEOUT_MS, u128::from);
     poll_bound.as_millis().max(session).to_string()
 }
 
-/// The milliseconds the user gave `key` (the last time, where given twice).
-fn user_ms<'a>(user: impl Iterator<Item = &'a (String, String)>, key: &str) -> Option<u64> {
-    user.filter(|(k, _)| k == key)
+/// The milliseconds the user gave the setting named `keys` (the last time, where given twice).
+fn user_ms<'a>(user: impl Iterator<Item = &'a (String, String)>, keys: &[&str]) -> Option<u64> {
+    user.filter(|(k, _)| keys.contains(&k.as_str()))
         .last()
         .and_then(|(_, v)| v.trim().parse().ok())
 }
@@ -730,6 +728,15 @@ mod tests {
         assert_eq!(propagation(&short, 60, 0).as_deref(), Some("2000"));
         let unbounded = settings(&[], &[("message.timeout.ms", "0")]);
         assert_eq!(propagation(&unbounded, 10, 0).as_deref(), Some("5000"));
+        let last = settings(
+            &[],
+            &[("message.timeout.ms", "0"), ("delivery.timeout.ms", "4000")],
+        );
+        assert_eq!(
+            propagation(&last, 60, 0).as_deref(),
+            Some("2000"),
+            "the last wins"
+        );
         // The user's value stands unless the record would time out first.
         let fine = settings(&[], &[("topic.metadata.propagation.max.ms", "9999")]);
         assert_eq!(propagation(&fine, 60, 0).as_deref(), Some("9999"));

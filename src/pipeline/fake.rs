@@ -85,6 +85,8 @@ pub struct Broker {
     pub refuse: Option<Vec<u8>>,
     /// What each unit asked of `watch_routes`, in order.
     pub watched: Vec<bool>,
+    /// Topics records were delivered to while watching, since the last take.
+    accepted: Vec<String>,
     refused: Vec<Rejection>,
 }
 
@@ -209,6 +211,9 @@ impl Sink for FakeSink {
                 named: false,
             });
         }
+        if b.watched.last() == Some(&true) && !b.accepted.iter().any(|t| t == r.topic) {
+            b.accepted.push(r.topic.to_string());
+        }
         b.calls.push(Call::Send {
             topic: r.topic.to_string(),
             lineage: lineage.clone(),
@@ -226,7 +231,13 @@ impl Sink for FakeSink {
     }
 
     fn watch_routes(&mut self, on: bool) {
-        lock(&self.0).watched.push(on);
+        let mut b = lock(&self.0);
+        b.watched.push(on);
+        b.accepted.clear();
+    }
+
+    fn take_accepted_routes(&mut self) -> Vec<String> {
+        std::mem::take(&mut lock(&self.0).accepted)
     }
 
     fn take_rejections(&mut self, _: Duration) -> Vec<Rejection> {
@@ -546,16 +557,26 @@ impl Core {
     /// Passthrough, applied as read.
     pub fn direct(commit: CommitPolicy) -> Core {
         let t = transform::new(&TransformSpec::Passthrough, LIMITS).unwrap();
-        Core::new(Intake::Direct(t), commit)
+        Core::new(Intake::Direct(t), commit, Duration::ZERO)
     }
 
     /// The call-out, calling `app`.
     pub fn staged(commit: CommitPolicy, spec: CallSpec, app: &Answers) -> Core {
-        let stage = Stage::new(spec, Box::new(app.clone()), LIMITS);
-        Core::new(Intake::Staged(Box::new(stage)), commit)
+        Core::routed(commit, spec, app, Duration::ZERO)
     }
 
-    fn new(intake: Intake, commit: CommitPolicy) -> Core {
+    /// The call-out, calling `app`; a route refusing for `route_timeout` is the record's fault.
+    pub fn routed(
+        commit: CommitPolicy,
+        spec: CallSpec,
+        app: &Answers,
+        route_timeout: Duration,
+    ) -> Core {
+        let stage = Stage::new(spec, Box::new(app.clone()), LIMITS);
+        Core::new(Intake::Staged(Box::new(stage)), commit, route_timeout)
+    }
+
+    fn new(intake: Intake, commit: CommitPolicy, route_timeout: Duration) -> Core {
         let broker = Shared::default();
         let (health, metrics) = (Arc::new(Health::default()), Arc::new(Metrics::new()));
         let shutdown = CancellationToken::new();
@@ -569,8 +590,8 @@ impl Core {
             errors: ErrorPolicy {
                 on_error: OnError::Dlq,
                 dlq_topic: "out.dlq".into(),
-                // A refused route is the record's fault at once: no clock to wait for here.
-                route_timeout: Duration::ZERO,
+                // Unless a test says otherwise, a refused route is the record's fault at once.
+                route_timeout,
             },
             lineage: true,
             max_message_bytes: 1 << 20,

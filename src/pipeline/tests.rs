@@ -346,6 +346,39 @@ fn a_record_routed_to_a_topic_that_keeps_refusing_goes_to_the_dead_letter_topic_
 }
 
 #[test]
+fn a_route_that_took_a_record_in_the_open_unit_is_not_quarantined_in_it() {
+    let app = Answers::default();
+    // Long enough that the replay's first send comes before it on a busy machine.
+    let bound = Duration::from_secs(1);
+    let mut core = Core::routed(every(6), calls_of(3), &app, bound);
+    core.broker().fill(("in", 0), 0, 6, &[]);
+    core.broker().missing = vec!["late".into()];
+    core.assign(("in", 0), 0);
+    let route = |r: &crate::transform::OwnedRecord| {
+        let topic = [0, 4].contains(&r.offset).then(|| "late".to_string());
+        (topic, r.value.clone().unwrap_or_default())
+    };
+    for _ in 0..6 {
+        core.turn();
+    }
+    app.answer_with(0, route);
+    core.run(10); // refused: abort, rewind, read again
+    // The topic is created; the replay's first record goes there and is delivered.
+    core.broker().missing.clear();
+    let calls = app.calls();
+    app.answer_with(calls - 2, route);
+    core.run(3);
+    // The bound passes while the unit is open: the delivery, not the old refusal, decides.
+    std::thread::sleep(bound + Duration::from_millis(200));
+    app.answer_with(calls - 1, route);
+    core.run(10);
+    core.finish();
+    let b = core.broker();
+    assert_eq!(b.lineages("late"), lineages(&[(0, 0), (0, 4)]));
+    assert_eq!(b.lineages("out.dlq"), lineages(&[]));
+}
+
+#[test]
 fn shutdown_commits_what_was_answered_within_the_grace() {
     let (app, mut core) = two_calls_out();
     app.answer(0, true); // the second call is never answered

@@ -12,8 +12,9 @@
 //! route: a unit that sent there and committed, or a record delivered there in a unit that
 //! aborted for something else (a record merely not refused yet proves nothing: librdkafka
 //! forgets a missing topic after 100 ms and queues the next send for as long as the first).
-//! A route not refused nor quarantined for longer than [`GAP`] when a unit begins is
-//! forgotten (nothing was routed there): its next refusal starts a new bound. The main output
+//! A route is forgotten when a unit begins more than [`GAP`] after its last refusal (or the
+//! end of its quarantine): nothing was refused there since, and its next refusal starts a new
+//! bound. The main output
 //! and the dead-letter topic are no routes: a refusal there stays the configuration error it
 //! is. A record is routed again after a rewind, so at-least-once can write one copy to the
 //! DLQ (quarantined) and a later one to the route (tried again and taken).
@@ -90,8 +91,10 @@ impl Routes {
     }
 
     /// A unit begins at `now`: what was sent, taken or refused in earlier ones is no longer
-    /// its; routes long quiet are forgotten. Whether any route is refusing (then the sink
-    /// reports the topics that take records: [`Routes::accepted`]).
+    /// its; routes long quiet are forgotten. Whether a refusing route may be sent to in it (not
+    /// quarantined): then the sink reports the topics that take records
+    /// ([`Routes::accepted`]), at a lock per delivery, which a route quarantined for good does
+    /// not cost.
     pub fn began(&mut self, now: Instant) -> bool {
         self.sent.clear();
         self.accepted.clear();
@@ -103,7 +106,13 @@ impl Routes {
                 now.saturating_duration_since(quiet) <= GAP
             });
         }
-        !self.refusing.is_empty()
+        (self.refusing.values()).any(|e| e.quarantine.is_none_or(|until| now >= until))
+    }
+
+    /// Whether `topic` is a refusing route (the sink's deliveries may be worth asking for
+    /// before [`Routes::unroutable`]).
+    pub fn refusing(&self, topic: &str) -> bool {
+        !self.refusing.is_empty() && self.refusing.contains_key(topic)
     }
 
     /// `topic` refused a record with `error`, at `now`. Whether it is a route (else a refusal
@@ -178,6 +187,11 @@ impl Routes {
             return None;
         }
         let bound = self.bound;
+        if self.accepted.contains(topic) && !self.refused_now.contains(topic) {
+            // A record of this unit was delivered there: it takes records again.
+            self.refusing.remove(topic);
+            return None;
+        }
         let e = self.refusing.get_mut(topic)?;
         match e.quarantine {
             Some(until) if now < until => {}
@@ -236,7 +250,7 @@ mod tests {
             "{why}"
         );
         // Quarantined for a bound: nothing is sent there, so nothing refreshes it.
-        assert!(r.began(at(120)));
+        assert!(!r.began(at(120)), "quarantined: not watched");
         assert!(r.unroutable("elsewhere", at(120)).is_some());
         // Then tried again: refused, quarantined again at once.
         assert_eq!(r.unroutable("elsewhere", at(122)), None);
@@ -279,6 +293,34 @@ mod tests {
             r.unroutable("silent", at(61)).is_some(),
             "no refusal is no evidence"
         );
+    }
+
+    #[test]
+    fn a_delivery_within_the_unit_keeps_a_route_out_of_quarantine() {
+        let (mut r, at) = routes();
+        refused_unit(&mut r, "late", at(0));
+        // A long unit: `late` was created meanwhile and took a record early on; the bound
+        // passes before the unit ends.
+        r.began(at(5));
+        r.sending("late");
+        r.accepted(["late".to_string()]);
+        assert_eq!(r.unroutable("late", at(65)), None);
+        assert!(!r.refusing("late"), "cleared");
+    }
+
+    #[test]
+    fn deliveries_are_watched_only_while_a_refusing_route_can_be_sent_to() {
+        let (mut r, at) = routes();
+        assert!(!r.began(at(0)));
+        refused_unit(&mut r, "missing", at(0));
+        assert!(r.began(at(30)));
+        refused_unit(&mut r, "missing", at(60));
+        assert!(r.unroutable("missing", at(61)).is_some());
+        assert!(
+            !r.began(at(62)),
+            "quarantined until 121 s: nothing is sent there"
+        );
+        assert!(r.began(at(121)), "tried again");
     }
 
     #[test]

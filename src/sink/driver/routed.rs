@@ -20,6 +20,11 @@ impl Driver {
 
     /// Why a record routed to `topic` is its own fault now, if it is.
     pub fn unroutable(&mut self, topic: &str) -> Option<String> {
+        if !self.routes.refusing(topic) {
+            return None;
+        }
+        // A delivery there since the unit began clears it, before a quarantine can start.
+        self.routes.accepted(self.sink.take_accepted_routes());
         self.routes.unroutable(topic, Instant::now())
     }
 
