@@ -33,7 +33,8 @@
 //!   record that keeps refusing it becomes the record's fault) and [`sink::faults`] (testing
 //!   only: failures on purpose).
 //! - [`transform`]: the [`transform::Transform`] lifecycle (apply, partitions assigned and
-//!   revoked; a bad record is not an unavailable transform), one file per kind: passthrough,
+//!   revoked, how each unit its records went into ended; a bad record is not an unavailable
+//!   transform), one file per kind: passthrough,
 //!   jq (jaq); and [`transform::call`], the call-out's wire format, its
 //!   [`transform::call::Application`] seam and HTTP client, and the pure function from a
 //!   record and its answer to outputs.

@@ -68,6 +68,8 @@ pub struct Broker {
     pub calls: Vec<Call>,
     /// Commits to fail (abortable) before one goes through.
     pub fail_commits: u32,
+    /// Commits fenced (the producer must be replaced) before one goes through.
+    pub fence_commits: u32,
     /// Commits whose outcome is reported unknown: the first `commit_unknown` of them took
     /// effect, the next `commit_unknown_lost` did not.
     pub commit_unknown: u32,
@@ -253,6 +255,11 @@ impl Sink for FakeSink {
         let mut offsets = offsets.to_vec();
         offsets.sort();
         b.calls.push(Call::Commit(offsets.clone()));
+        if b.fence_commits > 0 {
+            b.fence_commits -= 1;
+            b.open.clear();
+            return Err(Failed::Recreate(AbortReason::CommitFenced));
+        }
         if b.fail_commits > 0 || !b.refused.is_empty() {
             b.fail_commits = b.fail_commits.saturating_sub(1);
             return Err(Failed::Abort(AbortReason::CommitFailed));
@@ -557,6 +564,11 @@ impl Core {
     /// Passthrough, applied as read.
     pub fn direct(commit: CommitPolicy) -> Core {
         let t = transform::new(&TransformSpec::Passthrough, LIMITS).unwrap();
+        Core::transformed(t, commit)
+    }
+
+    /// `t`, applied as read.
+    pub fn transformed(t: Box<dyn transform::Transform>, commit: CommitPolicy) -> Core {
         Core::new(Intake::Direct(t), commit, Duration::ZERO)
     }
 

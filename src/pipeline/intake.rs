@@ -13,7 +13,7 @@
 use crate::config::{TransformConfig, TransformSpec};
 use crate::error::Error;
 use crate::kafka::Tp;
-use crate::sink::Unapplied;
+use crate::sink::{Settled, Unapplied};
 use crate::transform::{self, Limits, Transform, call};
 
 use super::stage::Stage;
@@ -66,6 +66,17 @@ impl Intake {
     /// Whether records are staged or calls out.
     pub fn holds_records(&self) -> bool {
         matches!(self, Intake::Staged(s) if !s.is_empty())
+    }
+
+    /// The transform hears how the unit its records went into ended.
+    pub fn settle(&mut self, settled: Settled) {
+        if let Intake::Direct(t) = self {
+            match settled {
+                Settled::Committed => t.committed(),
+                Settled::Dropped => t.dropped(true),
+                Settled::Unknown => t.dropped(false),
+            }
+        }
     }
 
     /// The transform hears of a partition change.

@@ -193,6 +193,8 @@ impl Session {
         self.positions.forget(&read);
         self.rewind.clear();
         self.writer.driver.new_consumer();
+        // An unknown outcome nobody can resolve now is heard before the revoke.
+        self.hand_over_settled();
         let owned: Vec<Tp> = std::mem::take(&mut self.owned).into_iter().collect();
         if !owned.is_empty() {
             self.intake.hear(&Change::Revoked(owned));
@@ -223,6 +225,9 @@ impl Session {
             }
             Outcome::Empty => {}
         }
+        // Nothing resolves an unknown outcome of the final commit any more.
+        self.writer.driver.forget_unresolved();
+        self.hand_over_settled();
         Ok(())
     }
 
@@ -231,9 +236,10 @@ impl Session {
         self.writer.driver.abort_now(AbortReason::ShutdownOnError);
     }
 
-    /// Tells the transform which partitions it gained and lost since the last turn (only
-    /// those it was told it owns are revoked).
+    /// Tells the transform how its units ended, then which partitions it gained and lost
+    /// since the last turn (only those it was told it owns are revoked).
     fn hand_over_changes(&mut self) {
+        self.hand_over_settled();
         if self.changes.is_empty() {
             return;
         }
@@ -252,6 +258,13 @@ impl Session {
                 }
             };
             self.intake.hear(&change);
+        }
+    }
+
+    /// Tells the transform how the units its records went into ended.
+    fn hand_over_settled(&mut self) {
+        for settled in self.writer.driver.take_settled() {
+            self.intake.settle(settled);
         }
     }
 

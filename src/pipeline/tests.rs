@@ -465,3 +465,127 @@ fn the_pause_between_replaced_consumers_starts_again_after_progress() {
     let pause = |n| crate::backoff::Backoff::CONSUMER.after(n);
     assert!(pause(replacements_after(n, true)) < pause(replacements_after(n, false)));
 }
+
+/// Passthrough that records what it hears of its units, in order.
+#[derive(Clone, Default)]
+struct Heard(std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>);
+
+impl Heard {
+    fn said(&self) -> Vec<&'static str> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+impl crate::transform::Transform for Heard {
+    fn apply<'a>(
+        &mut self,
+        input: &crate::transform::InputRecord<'a>,
+    ) -> Result<Vec<crate::transform::OutputRecord<'a>>, crate::transform::Failure> {
+        self.0.lock().unwrap().push("applied");
+        Ok(vec![crate::transform::OutputRecord {
+            topic: None,
+            key: input.key.map(std::borrow::Cow::Borrowed),
+            value: input.value.map(std::borrow::Cow::Borrowed),
+            headers: crate::transform::OutputHeaders::Input,
+        }])
+    }
+    fn committed(&mut self) {
+        self.0.lock().unwrap().push("committed");
+    }
+    fn dropped(&mut self, known: bool) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(if known { "dropped" } else { "unknown" });
+    }
+    fn revoked(&mut self, _: &[Tp]) {
+        self.0.lock().unwrap().push("revoked");
+    }
+}
+
+/// What `heard` said, with the records applied in a row counted: `2 applied`.
+fn story(heard: &Heard) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut run = 0;
+    for s in heard.said() {
+        if s == "applied" {
+            run += 1;
+            continue;
+        }
+        if run > 0 {
+            out.push(format!("{run} applied"));
+            run = 0;
+        }
+        out.push(s.to_string());
+    }
+    if run > 0 {
+        out.push(format!("{run} applied"));
+    }
+    out
+}
+
+#[test]
+fn the_transform_hears_how_each_unit_ended_before_it_applies_more() {
+    let heard = Heard::default();
+    let mut core = Core::transformed(Box::new(heard.clone()), every(2));
+    core.broker().fill(("in", 0), 0, 12, &[]);
+    core.assign(("in", 0), 0);
+    let settles = |h: &Heard| {
+        h.said()
+            .iter()
+            .filter(|s| **s != "applied" && **s != "revoked")
+            .count()
+    };
+    // Turns until the transform heard `n` settles (the next record is applied meanwhile).
+    let until = |core: &mut Core, n: usize| {
+        for _ in 0..50 {
+            if settles(&heard) >= n {
+                return;
+            }
+            core.turn();
+        }
+        panic!("{n} settles never came: {:?}", story(&heard));
+    };
+    until(&mut core, 1); // 0, 1 committed
+    core.broker().fail_commits = 1;
+    until(&mut core, 3); // 2, 3 aborted, read again and committed
+    core.broker().commit_unknown = 1;
+    until(&mut core, 4); // 4, 5: the outcome unknown, the committed offsets say it took effect
+    core.broker().commit_unknown_lost = 1;
+    until(&mut core, 6); // 6, 7: unknown, and it did not; read again and committed
+    core.broker().fail_sends = 1;
+    until(&mut core, 8); // 9's send refused (8 was applied already): both again
+    core.broker().fence_commits = 1;
+    until(&mut core, 10); // 10, 11: fenced, a new producer, both again
+    let phases = [
+        "2 applied, committed",                     // 0, 1
+        "2 applied, dropped, 2 applied, committed", // 2, 3
+        "2 applied, committed",                     // 4, 5, resolved by the rewind
+        "2 applied, dropped, 2 applied, committed", // 6, 7
+        "2 applied, dropped, 2 applied, committed", // 8, 9
+        "2 applied, dropped, 2 applied, committed", // 10, 11
+    ];
+    assert_eq!(story(&heard).join(", "), phases.join(", "));
+    core.finish();
+    let begun = core
+        .broker()
+        .calls
+        .iter()
+        .filter(|c| **c == Call::Begin)
+        .count();
+    assert_eq!(begun, settles(&heard), "one settle for each unit begun");
+    let all: Vec<(i32, i64)> = (0..12).map(|o| (0, o)).collect();
+    assert_eq!(core.broker().lineages("out"), lineages(&all));
+}
+
+#[test]
+fn a_final_commit_whose_outcome_is_unknown_is_heard_as_unknown() {
+    let heard = Heard::default();
+    let mut core = Core::transformed(Box::new(heard.clone()), every(100));
+    core.broker().fill(("in", 0), 0, 2, &[]);
+    core.assign(("in", 0), 0);
+    core.run(5);
+    core.broker().commit_unknown = 1;
+    core.finish();
+    assert_eq!(story(&heard), ["2 applied", "unknown"]);
+}

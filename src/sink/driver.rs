@@ -17,7 +17,8 @@ use super::offsets::CommitOffsets;
 use super::rejected::{Rejections, Source, Verdict};
 use super::routes::Routes;
 use super::{
-    Began, Bounds, Consumed, Failed, Group, Outcome, Record, SendError, Sink, Unapplied, Unit,
+    Began, Bounds, Consumed, Failed, Group, Outcome, Record, SendError, Settled, Sink, Unapplied,
+    Unit,
 };
 use crate::error::Error;
 use crate::events::{self, AbortReason, Ended, Occasion, TransactionAborted};
@@ -55,6 +56,8 @@ pub struct Driver {
     on_commit: Option<OnCommit>,
     /// A commit whose outcome was unknown, counted once the committed offsets tell.
     unresolved: Option<unknown::Unresolved>,
+    /// How units ended since the last take, in order: one for every unit begun.
+    settled: Vec<Settled>,
     /// Routes refusing the records sent there.
     routes: Routes,
     /// An error raised where it could not be returned (a rebalance callback).
@@ -105,6 +108,12 @@ impl Driver {
     /// `f` is told the offsets of every commit (the lag gauges count from them).
     pub fn on_commit(&mut self, f: impl Fn(&[(Tp, i64)]) + Send + 'static) {
         self.on_commit = Some(Box::new(f));
+    }
+
+    /// How units ended since the last take, in order, once that is known: one for every unit
+    /// begun (a unit whose commit's outcome is unknown waits for the rewind to tell).
+    pub fn take_settled(&mut self) -> Vec<Settled> {
+        std::mem::take(&mut self.settled)
     }
 
     /// What the destination said about an input whose records it refused, and the
@@ -269,6 +278,7 @@ impl Driver {
         let State::Open(unit) = std::mem::replace(&mut self.state, State::Idle) else {
             return Outcome::Empty;
         };
+        self.settled.push(Settled::Committed);
         self.count_commit(unit, offsets, started)
     }
 
@@ -321,7 +331,9 @@ impl Driver {
                 return Ok(());
             }
         };
-        self.keep_unresolved(unit);
+        if !self.keep_unresolved(unit) {
+            self.settled.push(Settled::Dropped);
+        }
         self.failures += 1;
         let result = self.sink.abort(reason, &self.bounds);
         // A unit that failed for want of a permission fails again after any retry: stop,

@@ -160,6 +160,20 @@ pub fn start(
     })
 }
 
+/// How a unit ended, once that is known: what a transform that keeps state in the
+/// transaction must hear (the driver says it once per unit begun, [`Driver::take_settled`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// Its commit took effect (returned OK, or an unknown outcome the committed offsets
+    /// showed was a commit).
+    Committed,
+    /// It did not commit: its records come again.
+    Dropped,
+    /// Nobody can tell any more whether it committed (an unknown outcome before the consumer
+    /// was replaced or the process stopped): its records come again if it did not.
+    Unknown,
+}
+
 /// What a commit attempt did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {

@@ -43,6 +43,18 @@ pub trait Transform: Send {
     fn revoked(&mut self, partitions: &[Tp]) {
         let _ = partitions;
     }
+
+    /// The unit the records applied since the last settle went into committed: what `apply`
+    /// decided for them holds (state kept in the transaction becomes the committed state).
+    /// Heard before any later record is applied, and before a revoke.
+    fn committed(&mut self) {}
+
+    /// That unit did not commit, and its records come again: what `apply` decided for them
+    /// is forgotten. `known` is false when nobody can tell whether it committed (state kept in
+    /// the transaction must then be read back from where it is durable).
+    fn dropped(&mut self, known: bool) {
+        let _ = known;
+    }
 }
 
 /// Why `apply` produced nothing to send.
@@ -81,6 +93,12 @@ pub fn unavailable_first(inner: Box<dyn Transform>, n: u64) -> Box<dyn Transform
         }
         fn revoked(&mut self, partitions: &[Tp]) {
             self.inner.revoked(partitions);
+        }
+        fn committed(&mut self) {
+            self.inner.committed();
+        }
+        fn dropped(&mut self, known: bool) {
+            self.inner.dropped(known);
         }
     }
     if n == 0 {

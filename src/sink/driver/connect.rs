@@ -15,7 +15,7 @@ use crate::metrics::Metrics;
 use crate::sink::offsets::CommitOffsets;
 use crate::sink::rejected::Rejections;
 use crate::sink::routes::Routes;
-use crate::sink::{Bounds, NotConnected, Sink};
+use crate::sink::{Bounds, NotConnected, Settled, Sink};
 
 impl Driver {
     /// Connects `sink`, retrying until `startup_timeout` has passed.
@@ -42,6 +42,7 @@ impl Driver {
                         commits: 0,
                         on_commit: None,
                         unresolved: None,
+                        settled: Vec::new(),
                         routes: Routes::default(),
                         fatal: None,
                         metrics,
@@ -78,7 +79,10 @@ impl Driver {
     /// (fencing the old one) and completes whatever the old one left open. Backs off while
     /// failures repeat. A rewind is owed afterwards.
     pub(super) fn recreate(&mut self, reason: AbortReason) -> Result<(), Error> {
-        self.state = State::RewindOwed;
+        if let State::Open(_) = std::mem::replace(&mut self.state, State::RewindOwed) {
+            // The new producer's init_transactions aborts it.
+            self.settled.push(Settled::Dropped);
+        }
         // The old producer's reports die with it.
         self.learn(false);
         self.reconnect(reason)

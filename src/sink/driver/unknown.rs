@@ -10,7 +10,7 @@ use tracing::info;
 use super::Driver;
 use crate::events::{self, AbortReason, Ended, Occasion, TransactionAborted};
 use crate::kafka::Tp;
-use crate::sink::{Committed, Unit};
+use crate::sink::{Committed, Settled, Unit};
 
 /// The unit of a commit whose outcome was unknown.
 pub(super) struct Unresolved {
@@ -34,12 +34,14 @@ impl Driver {
         });
     }
 
-    /// The aborted unit, kept if its commit's outcome is unknown.
-    pub(super) fn keep_unresolved(&mut self, unit: Unit) {
-        if let Some(u) = &mut self.unresolved
-            && u.unit.is_none()
-        {
-            u.unit = Some(unit);
+    /// The aborted unit, kept if its commit's outcome is unknown. Whether it was.
+    pub(super) fn keep_unresolved(&mut self, unit: Unit) -> bool {
+        match &mut self.unresolved {
+            Some(u) if u.unit.is_none() => {
+                u.unit = Some(unit);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -57,6 +59,12 @@ impl Driver {
 
     /// The rewind read what is `committed`: an unknown outcome is known now, and counted.
     pub fn resolve(&mut self, committed: &Committed) {
+        self.resolve_with(committed, false);
+    }
+
+    /// [`Driver::resolve`]; `forgetting`: nothing can tell (the unit settles as unknown,
+    /// whatever the count says).
+    fn resolve_with(&mut self, committed: &Committed, forgetting: bool) {
         let Some(Unresolved {
             offsets,
             started,
@@ -74,12 +82,24 @@ impl Driver {
                 records = unit.records(),
                 "a commit whose outcome was unknown had committed"
             );
+            let settled = if forgetting {
+                Settled::Unknown
+            } else {
+                Settled::Committed
+            };
+            self.settled.push(settled);
             if let super::Outcome::Committed { records } = self.count_commit(unit, offsets, started)
             {
                 events::committed(records, Occasion::Bound);
             }
             return;
         }
+        let settled = if forgetting {
+            Settled::Unknown
+        } else {
+            Settled::Dropped
+        };
+        self.settled.push(settled);
         TransactionAborted {
             reason: AbortReason::CommitOutcomeUnknown,
             ended: ended.unwrap_or(Ended::Aborted),
@@ -90,6 +110,6 @@ impl Driver {
     /// Nothing can tell any more (the consumer is replaced, the process stops): an unknown
     /// outcome is counted as the abort it may have been.
     pub fn forget_unresolved(&mut self) {
-        self.resolve(&Vec::new());
+        self.resolve_with(&Vec::new(), true);
     }
 }
