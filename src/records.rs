@@ -16,6 +16,8 @@ use crate::transform::{Failure, InputRecord, OutputRecord, Reason, TransformErro
 pub struct Outgoing<'a> {
     /// Destination; `None` means the configured output topic.
     pub topic: Option<String>,
+    /// Partition; `None` for the partitioner's (by key).
+    pub partition: Option<i32>,
     /// Key bytes.
     pub key: Option<Cow<'a, [u8]>>,
     /// Value bytes; `None` writes a tombstone.
@@ -87,6 +89,7 @@ pub fn outputs<'a>(
         let out = Outgoing {
             headers: headers::output(input, &o.headers, l.as_deref()),
             topic: o.topic,
+            partition: o.partition,
             key: o.key,
             value: o.value,
         };
@@ -117,6 +120,7 @@ pub fn dead_letter<'a>(
     let l = lineage.then(|| headers::lineage(input, 0));
     let full = Outgoing {
         topic: None,
+        partition: None,
         key: input.key.map(Cow::Borrowed),
         value: input.value.map(Cow::Borrowed),
         headers: headers::dlq(input, err, l.as_deref()),
@@ -152,6 +156,7 @@ fn bare<'a>(
     });
     Outgoing {
         topic: None,
+        partition: None,
         key,
         value: None,
         headers,
@@ -216,6 +221,7 @@ mod tests {
     fn fingerprints_tell_other_outputs_apart() {
         let out = |key: Option<&'static [u8]>, value: Option<&'static [u8]>| Outgoing {
             topic: None,
+            partition: None,
             key: key.map(Cow::Borrowed),
             value: value.map(Cow::Borrowed),
             headers: OwnedHeaders::new(),
@@ -313,6 +319,7 @@ mod tests {
         }
         let probe = Outgoing {
             topic: None,
+            partition: None,
             key: key.map(|n| Cow::Borrowed(&bytes[..n])),
             value: None,
             headers: h.clone(),
@@ -510,6 +517,7 @@ mod properties {
                     // Refused exactly when librdkafka would refuse it.
                     let out = Outgoing {
                         topic: None,
+                        partition: None,
                         key: input.key.map(Cow::Borrowed),
                         value: input.value.map(Cow::Borrowed),
                         headers: headers::output(

@@ -25,6 +25,8 @@ const MAX_HANDLES: usize = 64;
 pub struct Message<'a> {
     /// Topic.
     pub topic: &'a str,
+    /// Partition, or `None` for the partitioner's choice (by key).
+    pub partition: Option<i32>,
     /// Key, copied by librdkafka.
     pub key: Option<&'a [u8]>,
     /// Value, copied by librdkafka.
@@ -78,7 +80,8 @@ impl<C: ProducerContext<DeliveryOpaque = usize> + 'static> HandleProducer<C> {
                 RD_KAFKA_VTYPE_RKT,
                 rkt,
                 RD_KAFKA_VTYPE_PARTITION,
-                -1i32,
+                // RD_KAFKA_PARTITION_UA: the partitioner's choice.
+                r.partition.unwrap_or(-1i32),
                 RD_KAFKA_VTYPE_MSGFLAGS,
                 rdsys::RD_KAFKA_MSG_F_COPY,
                 RD_KAFKA_VTYPE_VALUE,
@@ -242,6 +245,7 @@ mod tests {
         for (topic, key, value, timestamp, opaque) in sends {
             let r = Message {
                 topic,
+                partition: None,
                 key,
                 value,
                 timestamp,
@@ -257,6 +261,7 @@ mod tests {
         let big = vec![0u8; 4000];
         let refused = p.send(Message {
             topic: "a",
+            partition: None,
             key: None,
             value: Some(&big),
             timestamp: None,
@@ -275,6 +280,45 @@ mod tests {
         let mut got = read_back(&cluster.bootstrap_servers(), 3);
         got.sort();
         as_sent(&got);
+    }
+
+    #[test]
+    fn a_record_goes_to_the_partition_it_names() {
+        let cluster = MockCluster::new(1).expect("mock cluster");
+        cluster.create_topic("a", 3, 1).expect("topic");
+        let inner: ThreadedProducer<Reports> = ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .create_with_context(Reports::default())
+            .expect("producer");
+        let p = HandleProducer::new(inner);
+        for (i, key) in [&b"k1"[..], b"k2", b"k3", b"k4"].into_iter().enumerate() {
+            let r = Message {
+                topic: "a",
+                partition: Some(2),
+                key: Some(key),
+                value: Some(b"v"),
+                timestamp: None,
+                headers: OwnedHeaders::new(),
+                opaque: i,
+            };
+            p.send(r).map_err(|(c, _)| c).expect("send");
+        }
+        assert!(crate::kafka::flush(p.inner(), Duration::from_secs(10)).is_ok());
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .set("group.id", "g")
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .expect("consumer");
+        consumer.subscribe(&["a"]).expect("subscribe");
+        let mut partitions = Vec::new();
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        while partitions.len() < 4 && std::time::Instant::now() < until {
+            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+                partitions.push(m.partition());
+            }
+        }
+        assert_eq!(partitions, [2, 2, 2, 2], "keys would spread them");
     }
 
     /// What `records_arrive_as_sent…` sent, read back (sorted).

@@ -49,6 +49,8 @@ pub enum Call {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Out {
     pub topic: String,
+    /// The partition the record named, if it named one.
+    pub partition: Option<i32>,
     pub lineage: String,
     /// The `exactly.error.reason` header, on DLQ records.
     pub reason: Option<String>,
@@ -222,6 +224,7 @@ impl Sink for FakeSink {
         });
         b.open.push(Out {
             topic: r.topic.to_string(),
+            partition: r.out.partition,
             lineage,
             reason,
         });

@@ -484,6 +484,7 @@ impl crate::transform::Transform for Heard {
         self.0.lock().unwrap().push("applied");
         Ok(vec![crate::transform::OutputRecord {
             topic: None,
+            partition: None,
             key: input.key.map(std::borrow::Cow::Borrowed),
             value: input.value.map(std::borrow::Cow::Borrowed),
             headers: crate::transform::OutputHeaders::Input,
@@ -588,4 +589,36 @@ fn a_final_commit_whose_outcome_is_unknown_is_heard_as_unknown() {
     core.broker().commit_unknown = 1;
     core.finish();
     assert_eq!(story(&heard), ["2 applied", "unknown"]);
+}
+
+/// Passthrough to the partition after the input's.
+struct Pinned;
+
+impl crate::transform::Transform for Pinned {
+    fn apply<'a>(
+        &mut self,
+        input: &crate::transform::InputRecord<'a>,
+    ) -> Result<Vec<crate::transform::OutputRecord<'a>>, crate::transform::Failure> {
+        Ok(vec![crate::transform::OutputRecord {
+            topic: None,
+            partition: Some(input.partition + 1),
+            key: input.key.map(std::borrow::Cow::Borrowed),
+            value: input.value.map(std::borrow::Cow::Borrowed),
+            headers: crate::transform::OutputHeaders::Input,
+        }])
+    }
+}
+
+#[test]
+fn an_output_goes_to_the_partition_its_transform_names() {
+    let mut core = Core::transformed(Box::new(Pinned), every(2));
+    core.broker().fill(("in", 0), 0, 2, &[]);
+    core.broker().fill(("in", 3), 0, 2, &[]);
+    core.assign(("in", 0), 0);
+    core.assign(("in", 3), 0);
+    core.run(10);
+    core.finish();
+    let mut got: Vec<_> = core.broker().outputs.iter().map(|o| o.partition).collect();
+    got.sort();
+    assert_eq!(got, [Some(1), Some(1), Some(4), Some(4)]);
 }

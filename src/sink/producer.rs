@@ -269,6 +269,7 @@ impl TrackedProducer {
         loop {
             let record = crate::kafka::produce::Message {
                 topic,
+                partition: out.partition,
                 key: out.key.as_deref(),
                 value: out.value.as_deref(),
                 timestamp,
@@ -451,6 +452,7 @@ mod tests {
         let send = |topic: &str| {
             let mut out = Outgoing {
                 topic: None,
+                partition: None,
                 key: None,
                 value: Some(Cow::Borrowed(&b"v"[..])),
                 headers: OwnedHeaders::new(),

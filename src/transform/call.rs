@@ -256,6 +256,7 @@ pub fn outputs<'a>(
         check_size(size, limits)?;
         out.push(OutputRecord {
             topic: o.topic,
+            partition: None,
             key,
             value: o.value.map(Cow::Owned),
             headers: o.headers.map_or(OutputHeaders::Input, OutputHeaders::Set),

@@ -125,6 +125,7 @@ impl Jq {
     fn plain<'a>(&self, input: &InputRecord<'a>, v: Val) -> OutputRecord<'a> {
         OutputRecord {
             topic: None,
+            partition: None,
             key: input.key.map(Cow::Borrowed),
             value: Some(Cow::Owned(self.to_json(&v))),
             headers: OutputHeaders::Input,
@@ -145,6 +146,7 @@ impl Jq {
         };
         let mut out = OutputRecord {
             topic: None,
+            partition: None,
             key: input.key.map(Cow::Borrowed),
             value: None,
             headers: OutputHeaders::Input,

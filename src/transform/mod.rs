@@ -240,6 +240,9 @@ pub enum OutputHeaders {
 pub struct OutputRecord<'a> {
     /// Destination; `None` means the configured output topic.
     pub topic: Option<String>,
+    /// Partition; `None` for the partitioner's (by key). Only exactly's own outputs set it
+    /// (a changelog record goes to its input's partition).
+    pub partition: Option<i32>,
     /// Key bytes.
     pub key: Option<Cow<'a, [u8]>>,
     /// Value bytes; `None` writes a tombstone.

@@ -22,6 +22,7 @@ impl Transform for Passthrough {
         check_size(size, &self.limits)?;
         Ok(vec![OutputRecord {
             topic: None,
+            partition: None,
             key: input.key.map(Cow::Borrowed),
             value: input.value.map(Cow::Borrowed),
             headers: OutputHeaders::Input,
