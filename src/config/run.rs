@@ -358,7 +358,7 @@ impl RunArgs {
             kafka
                 .check_propagation(sink.transaction_timeout, sink.commit_interval)
                 .map_err(|e| {
-                    let ours = |(k, _): &(String, String)| k.starts_with("topic.metadata.prop");
+                    let ours = |(k, _): &(String, String)| k == crate::kafka::PROPAGATION_KEY;
                     let flag = if kafka.producer.iter().any(ours) {
                         "--producer-config"
                     } else if self.client.kafka_config.iter().any(ours) {

@@ -253,6 +253,9 @@ impl Isolation {
 /// The longest exactly lets librdkafka wait before it calls a topic missing.
 const PROPAGATION: Duration = Duration::from_secs(30);
 
+/// librdkafka's key for that wait.
+pub const PROPAGATION_KEY: &str = "topic.metadata.propagation.max.ms";
+
 impl Settings {
     /// How long a record routed to a missing topic may wait for librdkafka to call the topic
     /// missing (`topic.metadata.propagation.max.ms`): it must be refused before it times out
@@ -270,7 +273,7 @@ impl Settings {
     /// A `topic.metadata.propagation.max.ms` the user set that leaves a record routed to a
     /// missing topic timing out before it is refused (see [`Settings::route_wait`]).
     pub fn check_propagation(&self, timeout: Duration, interval: Duration) -> Result<(), String> {
-        let key = "topic.metadata.propagation.max.ms";
+        let key = PROPAGATION_KEY;
         let Some(set) = user_ms(self.common.iter().chain(&self.producer), &[key]) else {
             return Ok(());
         };
@@ -327,10 +330,7 @@ impl Settings {
             } => {
                 defaults.push(("client.id", self.client_id.clone()));
                 let propagation = (self.route_wait(timeout, interval) / 2).min(PROPAGATION);
-                defaults.push((
-                    "topic.metadata.propagation.max.ms",
-                    propagation.as_millis().to_string(),
-                ));
+                defaults.push((PROPAGATION_KEY, propagation.as_millis().to_string()));
                 fixed.extend(idempotent());
                 fixed.extend([
                     ("transactional.id", id.to_string()),

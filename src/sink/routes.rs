@@ -152,7 +152,7 @@ impl Routes {
 
     /// A record of the open unit goes to `topic`.
     pub fn sending(&mut self, topic: &str) {
-        if !self.refusing.is_empty() && self.refusing.contains_key(topic) {
+        if self.refusing(topic) {
             self.sent.insert(topic.to_string());
         }
     }
