@@ -99,8 +99,9 @@ impl Rewind {
     /// what this instance last committed, or its first offset read, with nothing committed). Reading the committed offsets is
     /// retried for up to `timeout`, then the consumer is replaced (a new one starts from the
     /// committed offsets); a shutdown stops it at once (nothing is open, the loop ends next).
-    /// What is committed for the partitions read, once the consumer is back there (`None`:
-    /// shutdown came first).
+    /// What is committed for the partitions read, and for those of a commit whose outcome
+    /// the driver does not know yet that are still assigned, once the consumer is back there
+    /// (`None`: shutdown came first).
     pub fn perform(
         &self,
         group: &dyn Group,
@@ -113,14 +114,16 @@ impl Rewind {
             context: "reading the assignment".into(),
             source: e,
         })?;
-        let read: Vec<Tp> = assignment
+        let unresolved = driver.unresolved_partitions();
+        let (read, also): (Vec<Tp>, Vec<Tp>) = assignment
             .into_iter()
-            .filter(|tp| self.first_read(tp).is_some())
-            .collect();
-        if read.is_empty() {
+            .filter(|tp| self.first_read(tp).is_some() || unresolved.contains(tp))
+            .partition(|tp| self.first_read(tp).is_some());
+        if read.is_empty() && also.is_empty() {
             return Ok(Some(Vec::new()));
         }
-        let Some(answer) = committed(group, driver, &read, timeout, health, shutdown)? else {
+        let asked: Vec<Tp> = read.iter().chain(&also).cloned().collect();
+        let Some(answer) = committed(group, driver, &asked, timeout, health, shutdown)? else {
             return Ok(None);
         };
         // Each partition read: the sink's answer for it, if it gave one.

@@ -31,7 +31,7 @@ use crate::health::Health;
 use crate::kafka::Tp;
 use crate::lag::Positions;
 use crate::metrics::Metrics;
-use crate::sink::{Began, Group, Outcome};
+use crate::sink::{Began, Driver, Group, Outcome};
 use crate::transform::{InputRecord, call};
 
 /// What the loop does next: poll for up to `wait`, or (`read` false: the stage is full) not
@@ -164,12 +164,16 @@ impl Session {
     /// staged), or, when they were lost, aborts (another member may own them already); then
     /// nothing staged of them is applied.
     pub fn revoked(&mut self, group: &dyn Group, partitions: Vec<Tp>, lost: bool) {
+        let driver = &mut self.writer.driver;
         if lost {
-            self.writer.driver.abort_now(AbortReason::PartitionsLost);
+            driver.abort_now(AbortReason::PartitionsLost);
+            // Another member may have committed them already: nothing tells.
+            driver.forget_unresolved();
         } else {
-            let driver = &mut self.writer.driver;
             driver.commit_now(group, &self.intake, Occasion::Rebalance);
+            resolve_now(driver, group);
         }
+        // Before the transform hears of the revoke, it hears how its units ended.
         self.intake.revoke(&partitions);
         self.rewind.forget(&partitions);
         self.writer.driver.forget(&partitions);
@@ -217,7 +221,7 @@ impl Session {
             self.health.beat();
             self.pump(group, MAX_POLL, true)?;
         }
-        self.writer.driver.forget_unresolved();
+        resolve_now(&mut self.writer.driver, group);
         match self.writer.driver.commit(group, &self.intake)? {
             Outcome::Committed { records } => events::committed(records, Occasion::Shutdown),
             Outcome::Aborted => {
@@ -377,6 +381,23 @@ impl Session {
             events::committed(records, Occasion::Bound);
         }
         Ok(())
+    }
+}
+
+/// A commit whose outcome is unknown is resolved now, while its partitions are still owned
+/// (after a revoke, another member's commits could move them): by one read of what is
+/// committed for them, or as unknown if that fails.
+fn resolve_now(driver: &mut Driver, group: &dyn Group) {
+    let partitions = driver.unresolved_partitions();
+    if partitions.is_empty() {
+        return;
+    }
+    match driver.committed(group, &partitions, driver.call_timeout()) {
+        Ok(committed) => driver.resolve(&committed),
+        Err(e) => {
+            warn!(error = ?e, "committed offsets unreadable; a commit's outcome stays unknown");
+            driver.forget_unresolved();
+        }
     }
 }
 

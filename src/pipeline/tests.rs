@@ -622,3 +622,48 @@ fn an_output_goes_to_the_partition_its_transform_names() {
     got.sort();
     assert_eq!(got, [Some(1), Some(1), Some(4), Some(4)]);
 }
+
+#[test]
+fn an_unknown_outcome_is_resolved_from_every_partition_of_its_unit() {
+    // in/1 only moved past a marker (nothing was read of it): the rewind does not seek it,
+    // but the unit committed its offset, so what is committed for it tells too.
+    let heard = Heard::default();
+    let mut core = Core::transformed(Box::new(heard.clone()), every(2));
+    core.broker().fill(("in", 0), 0, 2, &[]);
+    core.assign(("in", 0), 0);
+    core.assign(("in", 1), 0);
+    core.group.skip_to(("in", 1), 3);
+    core.broker().commit_unknown = 1;
+    core.run(10);
+    let commits = core.broker().commits();
+    assert!(
+        commits
+            .iter()
+            .any(|c| c.iter().any(|(tp, o)| tp.1 == 1 && *o == 3)),
+        "the unit commits in/1's position: {commits:?}"
+    );
+    assert_eq!(story(&heard), ["2 applied", "committed"]);
+}
+
+#[test]
+fn an_unknown_outcome_of_the_commit_before_a_revoke_is_heard_before_the_revoke() {
+    for (took_effect, heard_as) in [(true, "committed"), (false, "dropped")] {
+        let heard = Heard::default();
+        let mut core = Core::transformed(Box::new(heard.clone()), every(100));
+        core.broker().fill(("in", 0), 0, 2, &[]);
+        core.assign(("in", 0), 0);
+        core.run(5);
+        if took_effect {
+            core.broker().commit_unknown = 1;
+        } else {
+            core.broker().commit_unknown_lost = 1;
+        }
+        core.revoke(("in", 0));
+        core.run(5);
+        assert_eq!(
+            story(&heard),
+            ["2 applied", heard_as, "revoked"],
+            "the commit took effect: {took_effect}"
+        );
+    }
+}

@@ -170,7 +170,8 @@ pub enum Settled {
     /// It did not commit: its records come again.
     Dropped,
     /// Nobody can tell any more whether it committed (an unknown outcome before the consumer
-    /// was replaced or the process stopped): its records come again if it did not.
+    /// was replaced, its partitions were lost or the process stopped, or one the committed
+    /// offsets did not answer for): its records come again if it did not.
     Unknown,
 }
 

@@ -57,14 +57,23 @@ impl Driver {
         }
     }
 
-    /// The rewind read what is `committed`: an unknown outcome is known now, and counted.
-    pub fn resolve(&mut self, committed: &Committed) {
-        self.resolve_with(committed, false);
+    /// The partitions of a unit whose commit's outcome is unknown: what is committed for them
+    /// tells.
+    pub fn unresolved_partitions(&self) -> Vec<Tp> {
+        match &self.unresolved {
+            Some(Unresolved {
+                offsets,
+                unit: Some(_),
+                ..
+            }) => offsets.iter().map(|(tp, _)| tp.clone()).collect(),
+            _ => Vec::new(),
+        }
     }
 
-    /// [`Driver::resolve`]; `forgetting`: nothing can tell (the unit settles as unknown,
-    /// whatever the count says).
-    fn resolve_with(&mut self, committed: &Committed, forgetting: bool) {
+    /// What is `committed` for the partitions of a unit whose commit's outcome was unknown
+    /// (read before any of them moved): the outcome is known now, and counted. It settles as
+    /// unknown if the read did not answer for one of them.
+    pub fn resolve(&mut self, committed: &Committed) {
         let Some(Unresolved {
             offsets,
             started,
@@ -74,32 +83,26 @@ impl Driver {
         else {
             return;
         };
-        let did = offsets
-            .iter()
-            .all(|(tp, o)| committed.iter().any(|(c, v)| c == tp && *v == Some(*o)));
-        if did {
+        let settled = told(committed, &offsets);
+        self.settled.push(settled);
+        if settled == Settled::Committed {
             info!(
                 records = unit.records(),
                 "a commit whose outcome was unknown had committed"
             );
-            let settled = if forgetting {
-                Settled::Unknown
-            } else {
-                Settled::Committed
-            };
-            self.settled.push(settled);
             if let super::Outcome::Committed { records } = self.count_commit(unit, offsets, started)
             {
                 events::committed(records, Occasion::Bound);
             }
             return;
         }
-        let settled = if forgetting {
-            Settled::Unknown
-        } else {
-            Settled::Dropped
-        };
-        self.settled.push(settled);
+        if settled == Settled::Unknown {
+            info!(
+                records = unit.records(),
+                "nothing tells whether a commit whose outcome was unknown took effect"
+            );
+        }
+        // Counted as the abort it was, or may have been.
         TransactionAborted {
             reason: AbortReason::CommitOutcomeUnknown,
             ended: ended.unwrap_or(Ended::Aborted),
@@ -110,6 +113,23 @@ impl Driver {
     /// Nothing can tell any more (the consumer is replaced, the process stops): an unknown
     /// outcome is counted as the abort it may have been.
     pub fn forget_unresolved(&mut self) {
-        self.resolve_with(&Vec::new(), true);
+        self.resolve(&Vec::new());
+    }
+}
+
+/// How a commit of `sent` ended, as what is `committed` tells. The offsets of a transaction
+/// commit together: all at the ones it sent, it did; one partition at another offset (or with
+/// none), it did not; otherwise (a partition the read did not answer for) nobody can tell.
+fn told(committed: &Committed, sent: &[(Tp, i64)]) -> Settled {
+    let answer = |tp: &Tp| committed.iter().find(|(c, _)| c == tp).map(|(_, v)| *v);
+    if sent
+        .iter()
+        .any(|(tp, o)| answer(tp).is_some_and(|v| v != Some(*o)))
+    {
+        Settled::Dropped
+    } else if sent.iter().all(|(tp, o)| answer(tp) == Some(Some(*o))) {
+        Settled::Committed
+    } else {
+        Settled::Unknown
     }
 }
