@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use rdkafka::consumer::ConsumerGroupMetadata;
-use rdkafka::error::KafkaResult;
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::Headers;
 use tokio_util::sync::CancellationToken;
 
@@ -85,6 +85,17 @@ pub struct Broker {
     pub stale: bool,
     /// Topics that do not exist: a send there is refused at once.
     pub missing: Vec<String>,
+    /// Topics the principal may not write: a send there is taken, the unit's commit fails
+    /// for want of the permission, and the lines that say which topic it was are heard only
+    /// when the sink waits for them (librdkafka's log, served by another thread) or aborts.
+    pub denied: Vec<String>,
+    /// The open unit sent to a denied topic.
+    open_denied: Option<String>,
+    /// What the log said but the sink has not heard yet: a denied route, then the denial.
+    unheard: Vec<String>,
+    /// What the sink heard: denied routes, and the denial.
+    heard_routes: Vec<String>,
+    heard_denial: Option<String>,
     /// Outputs (not DLQ records) whose value holds this are refused for what they are.
     pub refuse: Option<Vec<u8>>,
     /// What each unit asked of `watch_routes`, in order.
@@ -121,6 +132,14 @@ impl Broker {
         if let Some(r) = log.iter_mut().find(|r| r.offset == offset) {
             r.value = None;
             r.key = Some(MARKER.to_vec());
+        }
+    }
+
+    /// The sink hears what the log said.
+    fn hear(&mut self) {
+        for topic in std::mem::take(&mut self.unheard) {
+            self.heard_denial = Some(format!("may not write '{topic}'"));
+            self.heard_routes.push(topic);
         }
     }
 
@@ -180,12 +199,16 @@ impl Sink for FakeSink {
     fn begin(&mut self, _: &Bounds) -> Result<(), Failed> {
         let mut b = lock(&self.0);
         b.open.clear();
+        b.open_denied = None;
         b.calls.push(Call::Begin);
         Ok(())
     }
 
     fn send(&mut self, r: Record<'_, '_>, _: &Bounds) -> Result<(), Failed> {
         let mut b = lock(&self.0);
+        if b.denied.iter().any(|m| m == r.topic) {
+            b.open_denied = Some(r.topic.to_string());
+        }
         if b.missing.iter().any(|m| m == r.topic) {
             return Err(Failed::Unroutable {
                 topic: r.topic.to_string(),
@@ -258,6 +281,11 @@ impl Sink for FakeSink {
         let mut offsets = offsets.to_vec();
         offsets.sort();
         b.calls.push(Call::Commit(offsets.clone()));
+        if let Some(topic) = b.open_denied.take() {
+            b.unheard.push(topic);
+            let source = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
+            return Err(Failed::exit("sending offsets", source));
+        }
         if b.fence_commits > 0 {
             b.fence_commits -= 1;
             b.open.clear();
@@ -281,9 +309,27 @@ impl Sink for FakeSink {
         Ok(())
     }
 
+    fn take_refused_routes(&mut self) -> Vec<(String, &'static str)> {
+        let heard = std::mem::take(&mut lock(&self.0).heard_routes);
+        heard
+            .into_iter()
+            .map(|t| (t, crate::error::TOPIC_DENIED))
+            .collect()
+    }
+
+    fn take_denied(&mut self, wait: Duration) -> Option<String> {
+        let mut b = lock(&self.0);
+        if !wait.is_zero() {
+            b.hear();
+        }
+        b.heard_denial.take()
+    }
+
     fn abort(&mut self, _: AbortReason, _: &Bounds) -> Result<(), Failed> {
         let mut b = lock(&self.0);
+        b.hear(); // an abort is a round trip: the log was served meanwhile
         b.open.clear();
+        b.open_denied = None;
         b.calls.push(Call::Abort);
         Ok(())
     }

@@ -345,6 +345,38 @@ fn a_record_routed_to_a_topic_that_keeps_refusing_goes_to_the_dead_letter_topic_
     assert_eq!(sample(&core, aborted).as_deref(), Some("1"));
 }
 
+/// librdkafka's lines come through a queue another thread serves: the commit's "topic
+/// authorization failed" can come back before the line naming the route that caused it. The
+/// driver waits to hear the denial (logged after the route's refusal) before it decides that
+/// exactly itself may not write: CI saw exactly stop here.
+#[test]
+fn a_route_denied_a_permission_is_the_routes_fault_when_the_commit_fails_before_it_is_heard() {
+    let app = Answers::default();
+    let mut core = Core::staged(every(3), calls_of(3), &app);
+    core.broker().fill(("in", 0), 0, 3, &[]);
+    core.broker().denied = vec!["forbidden".into()];
+    core.assign(("in", 0), 0);
+    let route = |r: &crate::transform::OwnedRecord| {
+        let topic = (r.offset == 1).then(|| "forbidden".to_string());
+        (topic, r.value.clone().unwrap_or_default())
+    };
+    for _ in 0..3 {
+        core.turn();
+    }
+    app.answer_with(0, route);
+    core.run(5); // the commit fails for the route: abort, rewind, read again
+    assert_eq!(app.calls(), 2);
+    app.answer_with(1, route);
+    core.run(10);
+    core.finish();
+    let b = core.broker();
+    assert_eq!(b.lineages("out"), lineages(&[(0, 0), (0, 2)]));
+    assert_eq!(b.lineages("out.dlq"), lineages(&[(0, 1)]));
+    let aborted = r#"exactly_transaction_aborts_total{reason="route_refused"}"#;
+    drop(b);
+    assert_eq!(sample(&core, aborted).as_deref(), Some("1"));
+}
+
 #[test]
 fn a_route_that_took_a_record_in_the_open_unit_is_not_quarantined_in_it() {
     let app = Answers::default();

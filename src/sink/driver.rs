@@ -342,7 +342,7 @@ impl Driver {
         // route's refusal is logged before the unit's (librdkafka's ADDPARTS line, then
         // TXNERR), so taking the unit's first and the route's after never sees the unit's
         // alone.
-        let denied = self.sink.take_denied();
+        let denied = self.sink.take_denied(Duration::ZERO);
         self.collect_routes();
         let route_denied = self.routes.take_denied();
         if let Some(denied) = denied.filter(|_| !route_denied) {

@@ -98,8 +98,8 @@ impl Sink for ExactlyOnce {
         self.p().take_accepted_routes()
     }
 
-    fn take_denied(&mut self) -> Option<String> {
-        self.p().take_denied()
+    fn take_denied(&mut self, wait: Duration) -> Option<String> {
+        self.p().take_denied(wait)
     }
 
     fn stale(&self) -> bool {

@@ -94,8 +94,8 @@ impl Sink for Faults {
         self.inner.take_accepted_routes()
     }
 
-    fn take_denied(&mut self) -> Option<String> {
-        self.inner.take_denied()
+    fn take_denied(&mut self, wait: Duration) -> Option<String> {
+        self.inner.take_denied(wait)
     }
 
     fn stale(&self) -> bool {

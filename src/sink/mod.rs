@@ -88,9 +88,10 @@ pub trait Sink: Send {
     fn take_accepted_routes(&mut self) -> Vec<String> {
         Vec::new()
     }
-    /// Why a unit failed for want of a permission since the last take, if one did: no retry
-    /// fixes that, unless the permission was a route's (`take_refused_routes`).
-    fn take_denied(&mut self) -> Option<String> {
+    /// Why a unit failed for want of a permission since the last take, if one did, waiting up
+    /// to `wait` to hear it: no retry fixes that, unless the permission was a route's
+    /// (`take_refused_routes`, whose refusals are heard before the unit's denial).
+    fn take_denied(&mut self, _wait: Duration) -> Option<String> {
         None
     }
     /// A request of this client timed out: a late copy of it could still land in a later

@@ -381,10 +381,19 @@ impl TrackedProducer {
     }
 
     /// Why a transaction of this producer failed for want of a permission since the last take,
-    /// if one did.
-    pub fn take_denied(&self) -> Option<String> {
+    /// if one did, waiting up to `wait` for librdkafka's line: rust-rdkafka forwards the log
+    /// to the main queue, which the producer's thread serves, so a call can return the error
+    /// before the lines that explain it are heard.
+    pub fn take_denied(&self, wait: Duration) -> Option<String> {
         let ctx = self.inner().context();
-        ctx.denial.lock().unwrap_or_else(|p| p.into_inner()).take()
+        let until = Instant::now() + wait;
+        loop {
+            let denial = ctx.denial.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if denial.is_some() || Instant::now() >= until {
+                return denial;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// Whether the broker rejected anything since the last take.

@@ -1,7 +1,7 @@
 //! Records routed to a destination that refuses them for what it is (`sink::routes`): the
 //! driver's part.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rdkafka::error::RDKafkaErrorCode;
 use tracing::warn;
@@ -11,6 +11,10 @@ use crate::error::Error;
 use crate::events::AbortReason;
 use crate::sink::SendError;
 use crate::sink::routes::Routes;
+
+/// How long a unit that failed for want of a permission waits to hear why (librdkafka's log
+/// lines, which its producer thread serves within milliseconds).
+const HEAR_DENIAL: Duration = Duration::from_secs(2);
 
 impl Driver {
     /// Routes refusing for `routes`' bound make their records bad ones.
@@ -63,9 +67,12 @@ impl Driver {
         }
     }
 
-    /// A unit failed with an error that would stop exactly: whether a route was refused a
-    /// permission meanwhile, which makes it the route's failure (the abort takes it).
+    /// A unit failed for want of a permission (`e`, an error that would stop exactly): whether
+    /// a route was refused it meanwhile, which makes it the route's failure (the abort takes
+    /// it). The sink hears the route's refusal before the unit's denial but may hear both
+    /// after the call returned `e`: the denial first, up to [`HEAR_DENIAL`].
     pub(super) fn failed_for_a_route(&mut self) -> bool {
+        let _ = self.sink.take_denied(HEAR_DENIAL);
         self.collect_routes();
         self.routes.denied()
     }
