@@ -55,19 +55,22 @@ pub fn output(
 ) -> OwnedHeaders {
     let mut h = match chosen {
         OutputHeaders::Input => copy_input(input),
-        OutputHeaders::Set(set) => {
-            let mut h = OwnedHeaders::new_with_capacity(set.len() + 1);
-            for (key, value) in set.iter().filter(|(k, _)| k != LINEAGE) {
-                h = raw_headers::add(h, key.as_bytes(), value.as_deref());
-            }
-            h
-        }
+        OutputHeaders::Set(set) => set_only(set),
     };
     if let Some(l) = lineage {
         h = h.insert(Header {
             key: LINEAGE,
             value: Some(l),
         });
+    }
+    h
+}
+
+/// Headers a transform set (never a lineage header of its own).
+pub fn set_only(set: &[(String, Option<Vec<u8>>)]) -> OwnedHeaders {
+    let mut h = OwnedHeaders::new_with_capacity(set.len() + 1);
+    for (key, value) in set.iter().filter(|(k, _)| k != LINEAGE) {
+        h = raw_headers::add(h, key.as_bytes(), value.as_deref());
     }
     h
 }

@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use rdkafka::message::{Header, OwnedHeaders};
 
 use crate::headers;
-use crate::transform::{Failure, InputRecord, OutputRecord, Reason, TransformError};
+use crate::transform::{Failure, InputRecord, OutputHeaders, OutputRecord, Reason, TransformError};
 
 /// One record ready to send.
 #[derive(Clone)]
@@ -105,6 +105,22 @@ pub fn outputs<'a>(
         prepared.push(out);
     }
     Ok(prepared)
+}
+
+/// A record of the open unit's own, of no input (a transform's change before the commit):
+/// only the headers it set, no lineage.
+pub fn own(o: OutputRecord<'static>) -> Outgoing<'static> {
+    let headers = match &o.headers {
+        OutputHeaders::Input => OwnedHeaders::new(),
+        OutputHeaders::Set(set) => headers::set_only(set),
+    };
+    Outgoing {
+        headers,
+        topic: o.topic,
+        partition: o.partition,
+        key: o.key,
+        value: o.value,
+    }
 }
 
 /// The DLQ copy of `input`: key, value and headers unchanged, plus the reason headers. When

@@ -170,6 +170,10 @@ impl Session {
             // Another member may have committed them already: nothing tells.
             driver.forget_unresolved();
         } else {
+            if let Err(e) = before_commit(&mut self.writer, &mut self.intake) {
+                self.writer.driver.fail_later(e);
+            }
+            let driver = &mut self.writer.driver;
             driver.commit_now(group, &self.intake, Occasion::Rebalance);
             resolve_now(driver, group);
         }
@@ -222,7 +226,7 @@ impl Session {
             self.pump(group, MAX_POLL, true)?;
         }
         resolve_now(&mut self.writer.driver, group);
-        match self.writer.driver.commit(group, &self.intake)? {
+        match self.commit_open(group)? {
             Outcome::Committed { records } => events::committed(records, Occasion::Shutdown),
             Outcome::Aborted => {
                 warn!("final transaction aborted; its records are read again next time")
@@ -279,22 +283,28 @@ impl Session {
         if driver.advance_due(group, &self.intake, self.commit.interval)
             && driver.begin()? == Began::Open
         {
+            // Offsets only: no record of the transform's is in it.
             driver.commit(group, &self.intake)?;
         }
         let policy = &self.commit;
-        let due = driver
-            .unit()
+        let due = (self.writer.driver.unit())
             .is_some_and(|u| policy.due(u.age(), u.records(), u.bytes()));
         if !due {
             return Ok(());
         }
-        if let Outcome::Committed { records } = driver.commit(group, &self.intake)? {
+        if let Outcome::Committed { records } = self.commit_open(group)? {
             events::committed(records, Occasion::Bound);
         }
         if self.writer.driver.rewind_owed() {
             self.rewind_now(group)?;
         }
         Ok(())
+    }
+
+    /// Commits the open unit, with what the transform must write before.
+    fn commit_open(&mut self, group: &dyn Group) -> Result<Outcome, Error> {
+        before_commit(&mut self.writer, &mut self.intake)?;
+        self.writer.driver.commit(group, &self.intake)
     }
 
     /// Performs the owed rewind: what is staged is dropped (read again), every partition read
@@ -376,12 +386,25 @@ impl Session {
         }
         .emit();
         self.writer.not_ready();
+        before_commit(&mut self.writer, &mut self.intake)?;
         let driver = &mut self.writer.driver;
         if let Outcome::Committed { records } = driver.commit_then_rewind(group, &self.intake)? {
             events::committed(records, Occasion::Bound);
         }
         Ok(())
     }
+}
+
+/// What the transform must write into the open unit before it commits: every commit of a
+/// unit with its records goes through here first.
+fn before_commit(writer: &mut Writer, intake: &mut Intake) -> Result<(), Error> {
+    let Intake::Direct(t) = intake else {
+        return Ok(());
+    };
+    if writer.driver.unit().is_none() {
+        return Ok(());
+    }
+    writer.write_own(t.before_commit())
 }
 
 /// A commit whose outcome is unknown is resolved now, while its partitions are still owned

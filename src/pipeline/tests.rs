@@ -623,6 +623,60 @@ fn a_final_commit_whose_outcome_is_unknown_is_heard_as_unknown() {
     assert_eq!(story(&heard), ["2 applied", "unknown"]);
 }
 
+/// Passthrough that writes, before each commit, one record of its own to `state` (as the dedup
+/// writes each partition's stream time).
+struct Tallied {
+    applied: usize,
+}
+
+impl crate::transform::Transform for Tallied {
+    fn apply<'a>(
+        &mut self,
+        input: &crate::transform::InputRecord<'a>,
+    ) -> Result<Vec<crate::transform::OutputRecord<'a>>, crate::transform::Failure> {
+        self.applied += 1;
+        Heard::default().apply(input)
+    }
+    fn before_commit(&mut self) -> Vec<crate::transform::OutputRecord<'static>> {
+        let n = std::mem::take(&mut self.applied);
+        vec![crate::transform::OutputRecord {
+            topic: Some("state".into()),
+            partition: Some(0),
+            key: Some(std::borrow::Cow::Borrowed(b"applied")),
+            value: Some(n.to_string().into_bytes().into()),
+            headers: crate::transform::OutputHeaders::Set(Vec::new()),
+        }]
+    }
+}
+
+#[test]
+fn every_commit_of_a_units_records_carries_what_the_transform_writes_before_it() {
+    let mut core = Core::transformed(Box::new(Tallied { applied: 0 }), every(2));
+    core.broker().fill(("in", 0), 0, 5, &[]);
+    core.broker().fill(("in", 1), 0, 1, &[]);
+    core.assign(("in", 0), 0);
+    core.run(10); // two commits due by their bound; record 4 open
+    core.revoke(("in", 0)); // its commit first
+    core.assign(("in", 1), 0);
+    core.run(5);
+    core.finish(); // record 0 of in/1
+    let b = core.broker();
+    let commits: Vec<usize> = (b.calls.iter().enumerate())
+        .filter(|(_, c)| matches!(c, Call::Commit(_)))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(commits.len(), 4, "{:#?}", b.calls);
+    for i in commits {
+        let own = Call::Send {
+            topic: "state".into(),
+            lineage: String::new(),
+        };
+        assert_eq!(b.calls[i - 1], own, "before commit {i}: {:#?}", b.calls);
+    }
+    assert_eq!(b.lineages("state").len(), 4);
+    assert_eq!(b.lineages("out").len(), 6);
+}
+
 /// Passthrough to the partition after the input's.
 struct Pinned;
 

@@ -126,6 +126,34 @@ impl Writer {
         self.count(input, sent)
     }
 
+    /// Sends records of the open unit's own, of no input (what the transform must write
+    /// before the commit): nothing is counted, no lineage. Nothing is open: nothing to send
+    /// (no record of the transform's went into a unit).
+    pub fn write_own(&mut self, outputs: Vec<OutputRecord<'static>>) -> Result<(), Error> {
+        if self.driver.unit().is_none() {
+            return Ok(());
+        }
+        for o in outputs {
+            let mut o = records::own(o);
+            let routed = o.topic.take();
+            let topic = routed.as_deref().unwrap_or(&self.policy.output_topic);
+            let source = Source {
+                topic,
+                partition: o.partition.unwrap_or(-1),
+                offset: -1,
+                copy: Form::Output,
+                fingerprint: o.fingerprint(topic),
+            };
+            match self.driver.send(topic, &mut o, None, source, false) {
+                Ok(()) => self.counters.produced(&self.metrics, topic).inc(),
+                Err(SendError::Aborted) => return Ok(()),
+                Err(SendError::Fatal(e)) => return Err(e),
+                Err(SendError::TooLarge) => return self.driver.abort(AbortReason::OutputTooLarge),
+            }
+        }
+        Ok(())
+    }
+
     /// A verdict on refused outputs holds for the same outputs only: an application that
     /// answers differently now (it need not be deterministic) is judged afresh.
     fn still_holds(

@@ -402,6 +402,11 @@ impl Driver {
         }
     }
 
+    /// An error met in a rebalance callback, kept for the loop to stop with.
+    pub fn fail_later(&mut self, e: Error) {
+        self.fatal.get_or_insert(e);
+    }
+
     /// Abort from a rebalance callback: errors are kept for the loop.
     pub fn abort_now(&mut self, reason: AbortReason) {
         if let Err(e) = self.abort(reason) {

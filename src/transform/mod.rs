@@ -55,6 +55,14 @@ pub trait Transform: Send {
     fn dropped(&mut self, known: bool) {
         let _ = known;
     }
+
+    /// Records the open unit must carry before it commits, of no input record: a stateful
+    /// transform's changes made once per unit (a partition's stream time). Asked right before
+    /// every commit of a unit its records went into (a commit that is due, before a revoke, at
+    /// shutdown); nothing is counted or given lineage for them.
+    fn before_commit(&mut self) -> Vec<OutputRecord<'static>> {
+        Vec::new()
+    }
 }
 
 /// Why `apply` produced nothing to send.
@@ -99,6 +107,9 @@ pub fn unavailable_first(inner: Box<dyn Transform>, n: u64) -> Box<dyn Transform
         }
         fn dropped(&mut self, known: bool) {
             self.inner.dropped(known);
+        }
+        fn before_commit(&mut self) -> Vec<OutputRecord<'static>> {
+            self.inner.before_commit()
         }
     }
     if n == 0 {
