@@ -95,7 +95,7 @@ pub struct Broker {
     unheard: Vec<String>,
     /// What the sink heard: denied routes, and the denial.
     heard_routes: Vec<String>,
-    heard_denial: Option<String>,
+    pub heard_denial: Option<String>,
     /// Outputs (not DLQ records) whose value holds this are refused for what they are.
     pub refuse: Option<Vec<u8>>,
     /// What each unit asked of `watch_routes`, in order.

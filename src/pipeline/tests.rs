@@ -377,6 +377,25 @@ fn a_route_denied_a_permission_is_the_routes_fault_when_the_commit_fails_before_
     assert_eq!(sample(&core, aborted).as_deref(), Some("1"));
 }
 
+/// A denial heard only after its unit ended (the log is served by another thread) is not the
+/// next unit's: a later abort for another reason does not stop exactly.
+#[test]
+fn a_denial_heard_after_its_unit_ended_does_not_stop_a_later_one() {
+    let heard = Heard::default();
+    let mut core = Core::transformed(Box::new(heard.clone()), every(2));
+    core.broker().fill(("in", 0), 0, 4, &[]);
+    core.assign(("in", 0), 0);
+    core.turn();
+    core.turn(); // 0, 1 committed; nothing open
+    assert_eq!(core.broker().commits().len(), 1);
+    core.broker().heard_denial = Some("may not write 'elsewhere'".into());
+    core.broker().fail_sends = 1; // 2's send fails: an abort, not for a permission
+    core.run(10);
+    core.finish();
+    let all: Vec<(i32, i64)> = (0..4).map(|o| (0, o)).collect();
+    assert_eq!(core.broker().lineages("out"), lineages(&all));
+}
+
 #[test]
 fn a_route_that_took_a_record_in_the_open_unit_is_not_quarantined_in_it() {
     let app = Answers::default();

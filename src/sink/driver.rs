@@ -139,6 +139,10 @@ impl Driver {
             self.renew(AbortReason::RequestTimedOut)?;
         }
         self.rejections.new_unit();
+        // Lines heard after their unit ended are that unit's: a route's refusal stays known
+        // (the route's state), a denial is not this unit's.
+        self.collect_routes();
+        let _ = self.sink.take_denied(Duration::ZERO);
         let watch = self.routes.began(Instant::now());
         self.sink.watch_routes(watch);
         let reason = match self.sink.begin(&self.bounds) {

@@ -118,18 +118,43 @@ impl Driver {
 }
 
 /// How a commit of `sent` ended, as what is `committed` tells. The offsets of a transaction
-/// commit together: all at the ones it sent, it did; one partition at another offset (or with
-/// none), it did not; otherwise (a partition the read did not answer for) nobody can tell.
+/// commit together: all at the ones it sent, it did; one partition below its offset (or with
+/// none), it did not; otherwise (a partition past it: another member, after this one lost
+/// it, committed on top of whichever; a partition the read did not answer for) nobody can
+/// tell.
 fn told(committed: &Committed, sent: &[(Tp, i64)]) -> Settled {
     let answer = |tp: &Tp| committed.iter().find(|(c, _)| c == tp).map(|(_, v)| *v);
     if sent
         .iter()
-        .any(|(tp, o)| answer(tp).is_some_and(|v| v != Some(*o)))
+        .any(|(tp, o)| answer(tp).is_some_and(|v| v.is_none_or(|v| v < *o)))
     {
         Settled::Dropped
     } else if sent.iter().all(|(tp, o)| answer(tp) == Some(Some(*o))) {
         Settled::Committed
     } else {
         Settled::Unknown
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_offset_below_the_one_sent_says_a_commit_did_not_take_effect() {
+        let tp = |p: i32| ("in".to_string(), p);
+        let sent = [(tp(0), 5), (tp(1), 7)];
+        let told = |c: &[(i32, Option<i64>)]| {
+            let c: Committed = c.iter().map(|(p, o)| (tp(*p), *o)).collect();
+            told(&c, &sent)
+        };
+        assert_eq!(told(&[(0, Some(5)), (1, Some(7))]), Settled::Committed);
+        assert_eq!(told(&[(0, Some(5)), (1, Some(3))]), Settled::Dropped);
+        assert_eq!(told(&[(0, None), (1, Some(7))]), Settled::Dropped);
+        assert_eq!(told(&[(0, Some(9)), (1, Some(3))]), Settled::Dropped);
+        // Past it: another member committed on top, after either outcome.
+        assert_eq!(told(&[(0, Some(9)), (1, Some(7))]), Settled::Unknown);
+        // Not answered for.
+        assert_eq!(told(&[(0, Some(5))]), Settled::Unknown);
     }
 }
