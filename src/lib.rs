@@ -98,6 +98,38 @@ use crate::metrics::Metrics;
 /// Stack of the loop thread: jq programs and JSON values recurse.
 const LOOP_STACK: usize = 64 << 20;
 
+/// The dedup in front of the transform: its programs compiled first (a bad one fails start-up
+/// before any client exists), then its changelog topic created or checked.
+async fn dedup_intake(
+    config: &Config,
+    dedup: &config::DedupConfig,
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
+) -> Result<Box<dyn transform::Transform>, Error> {
+    let [key, time, then] = transform::dedup::programs(dedup, &config.transform)?;
+    let config::Input::Topics(topics) = &config.group.input else {
+        return Err(Error::Config("--dedup-window: needs --input-topics".into()));
+    };
+    let input = topics.first().map(String::as_str).unwrap_or_default();
+    let wanted = state::topic::Wanted {
+        changelog: &dedup.changelog,
+        input,
+        retention: dedup.retention,
+    };
+    state::topic::ensure(&config.kafka, &wanted, config.sink.startup_timeout)
+        .await
+        .map_err(|e| Error::Startup(format!("--dedup-changelog: {e}")))?;
+    let source = state::restore::KafkaChangelog::new(
+        &config.kafka,
+        &dedup.changelog,
+        config.sink.transaction_timeout,
+        shutdown.clone(),
+    )
+    .map_err(Error::Startup)?;
+    let t = transform::dedup::Dedup::new(dedup, key, time, then, Box::new(source), metrics.clone());
+    Ok(Box::new(t))
+}
+
 /// Runs the pipeline until `shutdown` is cancelled or an unrecoverable error occurs.
 ///
 /// The loop runs on a thread of its own, since librdkafka's calls block; the async side only
@@ -105,8 +137,13 @@ const LOOP_STACK: usize = 64 << 20;
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
     // Compiled before any client exists: a bad program fails start-up with jaq's message.
     let runtime = tokio::runtime::Handle::current();
-    let intake =
-        pipeline::Intake::build(&config.transform, config.test.unavailable, Some(runtime))?;
+    let metrics = Arc::new(Metrics::new());
+    let intake = match &config.dedup {
+        None => pipeline::Intake::build(&config.transform, config.test.unavailable, Some(runtime))?,
+        Some(dedup) => {
+            pipeline::Intake::Direct(dedup_intake(&config, dedup, &metrics, &shutdown).await?)
+        }
+    };
     let health = Arc::new(Health::default());
     let stop_watching = CancellationToken::new();
     let bound = config.loop_bound();
@@ -118,7 +155,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         s.cancelled().await;
         h.set_ready(false);
     });
-    let metrics = Arc::new(Metrics::new());
     events::initialise(&metrics);
     if let Some(addr) = config.http_addr {
         let bound = http::serve(

@@ -63,6 +63,18 @@ pub struct Metrics {
     pub call_records: Histogram,
     /// Calls out now.
     pub calls_in_flight: IntGauge,
+    /// The dedup's decisions, by verdict (first, duplicate, late), aborted units' too.
+    pub dedup_records: IntCounterVec,
+    /// Keys held in the dedup's committed state.
+    pub state_keys: IntGauge,
+    /// Windows held in it (over the partitions owned).
+    pub state_windows: IntGauge,
+    /// Owned partitions whose state is not restored yet.
+    pub state_restoring: IntGauge,
+    /// Changelog records read back by restores.
+    pub state_restored_records: IntCounter,
+    /// Restores that did not reach the changelog's end.
+    pub state_restore_failures: IntCounter,
     /// Partitions the two gauges above were last set for, to drop the ones no longer owned.
     reported: Arc<Mutex<HashSet<(String, String)>>>,
     catalog: Vec<Family>,
@@ -141,6 +153,11 @@ impl Metrics {
         )
         .expect("metric");
         register(Box::new(records_filtered.clone()), "counter");
+        let plain_counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("metric");
+            register(Box::new(c.clone()), "counter");
+            c
+        };
         let offsets_only_commits = IntCounter::new(
             "offsets_only_commits_total",
             "Transactions that committed offsets and no record: the group moving past \
@@ -261,10 +278,32 @@ impl Metrics {
                 "calls_in_flight",
                 "Calls to the application sent and not yet answered.",
             ),
+            dedup_records: counter_vec(
+                "dedup_records_total",
+                "The dedup's decisions, by verdict (aborted transactions' too).",
+                &["verdict"],
+            ),
+            state_keys: gauge("state_keys", "Keys held in the dedup's committed state."),
+            state_windows: gauge("state_windows", "Windows held in the dedup's state."),
+            state_restoring: gauge(
+                "state_restoring_partitions",
+                "Owned partitions whose dedup state is not restored yet.",
+            ),
+            state_restored_records: plain_counter(
+                "state_restored_records_total",
+                "Changelog records read back by restores.",
+            ),
+            state_restore_failures: plain_counter(
+                "state_restore_failures_total",
+                "Restores that did not reach the changelog's end (tried again).",
+            ),
             reported: Arc::default(),
             registry,
             catalog: Vec::new(),
         };
+        for verdict in ["first", "duplicate", "late"] {
+            metrics.dedup_records.with_label_values(&[verdict]);
+        }
         metrics.catalog = catalog.into_inner();
         metrics
     }

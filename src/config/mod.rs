@@ -10,6 +10,7 @@
 //! - here: the command line itself and the parsing both subcommands share.
 
 pub mod audit;
+pub mod dedup;
 pub mod offsets;
 pub mod run;
 pub mod transform;
@@ -23,6 +24,7 @@ use crate::error::Error;
 use crate::kafka::{REDACTED, is_secret};
 
 pub use audit::{AuditArgs, AuditConfig, Bound, Plan};
+pub use dedup::{DedupArgs, DedupConfig, Late};
 pub use run::{
     CommitPolicy, Config, ErrorPolicy, GroupConfig, Guarantee, Input, RunArgs, SinkConfig,
     TestAborts, TestSwitches,

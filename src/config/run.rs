@@ -5,9 +5,9 @@ use std::time::Duration;
 use clap::Args;
 
 use super::{
-    CONSUMER_OWNED, CallArgs, ClientArgs, KeyValue, LogFormat, OnError, PRODUCER_OWNED,
-    TransformArgs, TransformConfig, TransformSpec, check_passthrough, check_topic_name,
-    parse_duration, parse_log_filter,
+    CONSUMER_OWNED, CallArgs, ClientArgs, DedupArgs, DedupConfig, KeyValue, LogFormat, OnError,
+    PRODUCER_OWNED, TransformArgs, TransformConfig, TransformSpec, check_passthrough,
+    check_topic_name, parse_duration, parse_log_filter,
 };
 use crate::error::Error;
 use crate::kafka::Settings;
@@ -92,6 +92,10 @@ pub struct RunArgs {
     /// The call-out's options.
     #[command(flatten)]
     pub call: CallArgs,
+
+    /// Deduplication by key per window of event time.
+    #[command(flatten)]
+    pub dedup: DedupArgs,
 
     /// Dead-letter topic [default: <output-topic>.dlq].
     #[arg(long, env = "EXACTLY_DLQ_TOPIC", value_name = "TOPIC")]
@@ -212,6 +216,8 @@ pub struct Config {
     pub commit: CommitPolicy,
     /// The transform.
     pub transform: TransformConfig,
+    /// The dedup in front of it, if any.
+    pub dedup: Option<DedupConfig>,
     /// What happens to a record that cannot be transformed or written.
     pub errors: ErrorPolicy,
     /// Add the lineage header.
@@ -305,6 +311,37 @@ impl Config {
     }
 }
 
+/// What dedup needs of the rest: transactions (the changelog commits with the outputs), one
+/// input topic (its partitions are the changelog's), a transform it runs in front of.
+fn check_dedup(
+    group: &GroupConfig,
+    sink: &SinkConfig,
+    transform: &TransformConfig,
+) -> Result<(), Error> {
+    if sink.guarantee != Guarantee::ExactlyOnce {
+        return Err(Error::Config(
+            "--dedup-window: needs --guarantee exactly-once (the keys seen commit with the \
+             outputs)"
+                .into(),
+        ));
+    }
+    if !matches!(&group.input, Input::Topics(ts) if ts.len() == 1) {
+        return Err(Error::Config(
+            "--dedup-window: needs exactly one --input-topics topic (the changelog has one \
+             partition per input partition)"
+                .into(),
+        ));
+    }
+    if matches!(transform.spec, TransformSpec::Call(_)) {
+        return Err(Error::Config(
+            "--dedup-window: not with --call-url yet (dedup runs in front of --jq or the \
+             passthrough)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 impl RunArgs {
     /// Checks how the values fit together and fills in derived defaults.
     pub fn validate(self) -> Result<Config, Error> {
@@ -321,6 +358,10 @@ impl RunArgs {
         check_passthrough("--producer-config", &self.producer_config, PRODUCER_OWNED)?;
         let test = self.test_switches();
         let transform = self.transform.resolve(Some(self.call))?;
+        let dedup = self.dedup.resolve(&group.group_id)?;
+        if dedup.is_some() {
+            check_dedup(&group, &sink, &transform)?;
+        }
         if let TransformSpec::Call(call) = &transform.spec {
             if call.timeout >= sink.transaction_timeout {
                 return Err(Error::Config(format!(
@@ -375,6 +416,7 @@ impl RunArgs {
             sink,
             commit,
             transform,
+            dedup,
             errors,
             lineage: !self.no_lineage,
             shutdown_grace: self.shutdown_grace,
@@ -571,6 +613,48 @@ mod tests {
             panic!("not run")
         };
         run.validate().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn dedup_resolves_its_window_and_changelog_and_names_the_flag_it_refuses() {
+        let c = parse(&["--dedup-window", "1d", "--dedup-time-zone", "Asia/Shanghai"]).unwrap();
+        let d = c.dedup.expect("dedup on");
+        assert_eq!(d.changelog, "g.dedup-changelog");
+        assert_eq!(d.retention, Duration::from_secs(2 * 86_400));
+        assert!(parse(&[]).unwrap().dedup.is_none());
+        for (extra, flag) in [
+            (
+                &["--dedup-key", ".device"][..],
+                "--dedup-key: needs --dedup-window",
+            ),
+            (
+                &["--dedup-window", "1d", "--dedup-key", ".d"],
+                "--dedup-key-partitioned",
+            ),
+            (
+                &["--dedup-window", "1d", "--dedup-time-zone", "Mars/Olympus"],
+                "--dedup-time-zone",
+            ),
+            (
+                &["--dedup-window", "0s"],
+                "--dedup-window: must be longer than 0",
+            ),
+            (
+                &["--dedup-window", "1d", "--guarantee", "at-least-once"],
+                "exactly-once",
+            ),
+            (
+                &["--dedup-window", "1d", "--input-topics", "a,b"],
+                "one --input-topics",
+            ),
+            (
+                &["--dedup-window", "1d", "--call-url", "http://127.0.0.1:1"],
+                "--call-url",
+            ),
+        ] {
+            let e = parse(extra).expect_err(&format!("{extra:?} should fail"));
+            assert!(e.contains(flag), "{extra:?}: {e}");
+        }
     }
 
     #[test]

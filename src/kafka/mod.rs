@@ -224,6 +224,11 @@ pub enum Role<'a> {
         /// What it reads.
         isolation: Isolation,
     },
+    /// The reader of a state changelog (`state::restore`): read_committed, in no group (the
+    /// `group.id` librdkafka's assign needs is never joined), never resetting on its own.
+    Restore,
+    /// An admin client (the changelog topic, created or checked at start).
+    Admin,
     /// A reader of a group's committed offsets (the audit, offset stores).
     GroupOffsets {
         /// The group.
@@ -359,6 +364,21 @@ impl Settings {
                     ("isolation.level", isolation.as_str().into()),
                 ]);
                 &self.consumer
+            }
+            Role::Restore => {
+                fixed.extend([
+                    ("client.id", format!("{}-restore", self.client_id)),
+                    ("group.id", "exactly-restore".into()),
+                    ("enable.auto.commit", "false".into()),
+                    ("enable.auto.offset.store", "false".into()),
+                    ("auto.offset.reset", "error".into()),
+                    ("isolation.level", Isolation::ReadCommitted.as_str().into()),
+                ]);
+                &self.consumer
+            }
+            Role::Admin => {
+                fixed.push(("client.id", format!("{}-admin", self.client_id)));
+                &self.producer
             }
             Role::GroupOffsets { group } => {
                 fixed.extend([
@@ -560,6 +580,8 @@ mod tests {
                 isolation: Isolation::ReadUncommitted,
             },
             Role::GroupOffsets { group: "g" },
+            Role::Restore,
+            Role::Admin,
         ];
         for role in roles {
             let cc = s.to_rdkafka(role);

@@ -14,7 +14,11 @@
 //! - [`seen`]: the keys seen per window, per partition, in the two layers; the verdict for a
 //!   record (first, duplicate, late); closed windows dropped in bulk.
 //! - [`changelog`]: a change as a Kafka record and back.
+//! - [`restore`]: a partition's changelog read back, to its end (the high watermark).
+//! - [`topic`]: the changelog topic, created or checked at start.
 
 pub mod changelog;
+pub mod restore;
 pub mod seen;
+pub mod topic;
 pub mod window;

@@ -126,6 +126,16 @@ impl Seen {
         (Verdict::First, Some(change))
     }
 
+    /// A first decision of the open unit is taken back (its record could not go on as
+    /// decided, and is a bad record): the key was not seen.
+    pub fn withdraw(&mut self, tp: &Tp, window: &Window, key: &[u8]) {
+        if let Some((_, keys)) =
+            (self.open.get_mut(tp)).and_then(|l| l.windows.get_mut(&window.start))
+        {
+            keys.remove(key);
+        }
+    }
+
     /// The stream times the open unit moved, for the changelog before it commits.
     pub fn stream_times(&self) -> Vec<(Tp, Change)> {
         let mut moved: Vec<_> = (self.open.iter())

@@ -18,14 +18,16 @@ use super::{
     check_size, truncate,
 };
 
-/// Names of the variables a program sees, in the order their values are passed.
-const VARS: [&str; 6] = [
+/// Names of the variables a program sees, in the order their values are passed. `$window`
+/// is the dedup's (the label of the record's window), `null` elsewhere.
+const VARS: [&str; 7] = [
     "$key",
     "$topic",
     "$partition",
     "$offset",
     "$timestamp",
     "$headers",
+    "$window",
 ];
 
 /// A compiled jq program.
@@ -36,7 +38,7 @@ pub struct Jq {
     pp: jaq_json::write::Pp,
     /// Which of [`VARS`] the program names: the others are `null` rather than built for every
     /// record (the headers object alone is an allocation per header).
-    uses: [bool; 6],
+    uses: [bool; 7],
 }
 
 impl Jq {
@@ -84,12 +86,40 @@ impl Jq {
         &self,
         input: &InputRecord<'a>,
     ) -> Result<Vec<OutputRecord<'a>>, TransformError> {
+        self.apply_in(input, None)
+    }
+
+    /// The JSON text of the program's first output for `input`, if it yields one (the
+    /// dedup's key and time expressions).
+    pub fn first_json(&self, input: &InputRecord<'_>) -> Result<Option<Vec<u8>>, TransformError> {
+        let value = match input.value {
+            None => Val::Null,
+            Some(bytes) => parse_json(bytes)?,
+        };
+        let vars = Vars::new(variables(input, &self.uses, None));
+        let ctx = Ctx::<JustLut<Val>>::new(&self.filter.lut, vars);
+        let first = self.filter.id.run((ctx, value)).map(unwrap_valr).next();
+        match first {
+            None => Ok(None),
+            Some(v) => {
+                let v = v.map_err(|e| TransformError::new(Reason::JqError, e.to_string()))?;
+                Ok(Some(self.to_json(&v)))
+            }
+        }
+    }
+
+    /// Runs the program over one record, `$window` set to `window`.
+    pub fn apply_in<'a>(
+        &self,
+        input: &InputRecord<'a>,
+        window: Option<&str>,
+    ) -> Result<Vec<OutputRecord<'a>>, TransformError> {
         let value = match input.value {
             // A tombstone is `null` to the program.
             None => Val::Null,
             Some(bytes) => parse_json(bytes)?,
         };
-        let vars = Vars::new(variables(input, &self.uses));
+        let vars = Vars::new(variables(input, &self.uses, window));
         let ctx = Ctx::<JustLut<Val>>::new(&self.filter.lut, vars);
         let mut outputs = Vec::new();
         for result in self.filter.id.run((ctx, value)).map(unwrap_valr) {
@@ -217,7 +247,7 @@ impl Transform for Jq {
 }
 
 /// The values of [`VARS`] for one record; `null` for those the program does not name.
-fn variables(input: &InputRecord<'_>, uses: &[bool; 6]) -> [Val; 6] {
+fn variables(input: &InputRecord<'_>, uses: &[bool; 7], window: Option<&str>) -> [Val; 7] {
     let bytes_or_null = |b: Option<&[u8]>| b.map_or(Val::Null, |b| Val::utf8_str(b.to_vec()));
     let headers = || {
         let mut headers = Map::default();
@@ -232,7 +262,8 @@ fn variables(input: &InputRecord<'_>, uses: &[bool; 6]) -> [Val; 6] {
         2 => Val::from(input.partition as isize),
         3 => Val::from(input.offset as isize),
         4 => input.timestamp.map_or(Val::Null, |t| Val::from(t as isize)),
-        _ => headers(),
+        5 => headers(),
+        _ => window.map_or(Val::Null, |w| Val::utf8_str(w.as_bytes().to_vec())),
     };
     std::array::from_fn(|i| if uses[i] { build(i) } else { Val::Null })
 }

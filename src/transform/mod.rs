@@ -15,6 +15,7 @@
 //! `pipeline::intake`); what a record becomes is [`call::outputs`] of its answer.
 
 pub mod call;
+pub mod dedup;
 pub mod jq;
 mod json;
 pub mod passthrough;
@@ -283,11 +284,15 @@ pub enum Reason {
     /// An output's topic (an envelope's or the application's) refused it for --route-timeout:
     /// it does not exist, or may not be written.
     RouteRefused,
+    /// The dedup cannot place the record: no key, no event time, or a time that is none.
+    DedupInput,
+    /// The dedup's window for the record had closed (`--dedup-late dlq`).
+    Late,
 }
 
 impl Reason {
     /// Every reason, so the DLQ counter starts at 0 for each.
-    pub const ALL: [Reason; 8] = [
+    pub const ALL: [Reason; 10] = [
         Reason::NotJson,
         Reason::JqError,
         Reason::OutputTooLarge,
@@ -296,6 +301,8 @@ impl Reason {
         Reason::RejectedByBroker,
         Reason::AppRejected,
         Reason::RouteRefused,
+        Reason::DedupInput,
+        Reason::Late,
     ];
 
     /// Stable name, used in the `exactly.error.reason` header.
@@ -309,6 +316,8 @@ impl Reason {
             Reason::RejectedByBroker => "rejected_by_broker",
             Reason::AppRejected => "app_rejected",
             Reason::RouteRefused => "route_refused",
+            Reason::DedupInput => "dedup_input",
+            Reason::Late => "late",
         }
     }
 }

@@ -164,6 +164,8 @@ pub struct Out {
     pub key: Option<Vec<u8>>,
     pub value: Option<Vec<u8>>,
     pub headers: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// The record's timestamp in ms.
+    pub timestamp: Option<i64>,
 }
 
 impl Out {
@@ -232,6 +234,7 @@ pub fn read_all(topic: &str, isolation: &str) -> Vec<Out> {
                     key: r.key,
                     value: r.value,
                     headers: r.headers,
+                    timestamp: m.timestamp().to_millis(),
                 });
             }
         }

@@ -1,0 +1,128 @@
+//! Reading a partition's changelog back: the restore on assign.
+//!
+//! A `read_committed` consumer in no group reads the partition from its beginning until its
+//! position reaches the end taken with `read_uncommitted`, the high watermark. Not the last
+//! stable offset: the broker confirms a commit before it writes the markers, so the LSO can
+//! stop short of the previous owner's last commit (KAFKA-10167; Kafka Streams'
+//! `StoreChangelogReader` does the same). librdkafka moves the position past transaction
+//! markers and aborted records, so a tail of them ends the read too. A previous owner that
+//! died inside a transaction holds the end back until the broker aborts it (its transaction
+//! timeout): the read is bounded, and the caller tries again.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use tokio_util::sync::CancellationToken;
+
+use crate::kafka::{Isolation, Role, Settings};
+
+/// What a read hands each record to: its key and value.
+pub type Each<'e> = dyn FnMut(Option<&[u8]>, Option<&[u8]>) + 'e;
+
+/// Where a partition's committed changes are read back from.
+pub trait Changelog: Send {
+    /// Hands every committed record of changelog partition `partition` to `each` (its key and
+    /// value), from the beginning to the end. How many records were read; an error says why
+    /// the end was not reached (the caller restores the partition again later).
+    fn read(&mut self, partition: i32, each: &mut Each<'_>) -> Result<u64, String>;
+}
+
+/// A changelog topic on the cluster.
+pub struct KafkaChangelog {
+    topic: String,
+    reader: BaseConsumer,
+    /// Asks for high watermarks (`read_uncommitted`).
+    meter: BaseConsumer,
+    /// The longest one read may take.
+    bound: Duration,
+    shutdown: CancellationToken,
+}
+
+impl KafkaChangelog {
+    /// Reads `topic` with `kafka`'s settings; one read takes at most `bound`, and stops when
+    /// `shutdown` is cancelled.
+    pub fn new(
+        kafka: &Settings,
+        topic: &str,
+        bound: Duration,
+        shutdown: CancellationToken,
+    ) -> Result<KafkaChangelog, String> {
+        let create = |role| {
+            kafka
+                .to_rdkafka(role)
+                .create::<BaseConsumer>()
+                .map_err(|e| format!("the changelog's reader: {e}"))
+        };
+        Ok(KafkaChangelog {
+            topic: topic.to_string(),
+            reader: create(Role::Restore)?,
+            meter: create(Role::EndOffsets {
+                isolation: Isolation::ReadUncommitted,
+            })?,
+            bound,
+            shutdown,
+        })
+    }
+
+    fn position(&self, partition: i32) -> Option<i64> {
+        let tpl = self.reader.position().ok()?;
+        match tpl.find_partition(&self.topic, partition)?.offset() {
+            Offset::Offset(o) => Some(o),
+            _ => None,
+        }
+    }
+}
+
+impl Changelog for KafkaChangelog {
+    fn read(&mut self, partition: i32, each: &mut Each<'_>) -> Result<u64, String> {
+        let started = Instant::now();
+        let deadline = started + self.bound;
+        let at = |what: &str| format!("changelog {}[{partition}]: {what}", self.topic);
+        let (low, high) = self
+            .meter
+            .fetch_watermarks(&self.topic, partition, self.bound)
+            .map_err(|e| at(&format!("its end offsets: {e}")))?;
+        if high <= low {
+            return Ok(0);
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&self.topic, partition, Offset::Beginning)
+            .map_err(|e| at(&e.to_string()))?;
+        self.reader
+            .assign(&tpl)
+            .map_err(|e| at(&format!("assign: {e}")))?;
+        let mut read = 0u64;
+        let result = loop {
+            if self.shutdown.is_cancelled() {
+                break Err(at("shutdown began"));
+            }
+            if Instant::now() >= deadline {
+                break Err(at(&format!(
+                    "not read to offset {high} within {:?} (at {:?}): a previous owner's \
+                     transaction may still be open",
+                    self.bound,
+                    self.position(partition)
+                )));
+            }
+            match self.reader.poll(Duration::from_millis(100)) {
+                Some(Ok(m)) => {
+                    each(m.key(), m.payload());
+                    read += 1;
+                    if m.offset() + 1 >= high {
+                        break Ok(read);
+                    }
+                }
+                Some(Err(e)) => break Err(at(&e.to_string())),
+                None => {
+                    // Markers and aborted records at the tail move the position only.
+                    if self.position(partition).is_some_and(|p| p >= high) {
+                        break Ok(read);
+                    }
+                }
+            }
+        };
+        let _ = self.reader.unassign();
+        result
+    }
+}

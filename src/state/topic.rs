@@ -1,0 +1,170 @@
+//! The changelog topic, created or checked at start: one partition per input partition (a
+//! changelog partition holds the state of its input partition), `compact,delete` (one record
+//! per (window, key) stays, and windows long closed go), a retention that outlives every open
+//! window. An existing topic is checked, never altered (rust-rdkafka's `alter_configs`
+//! resets every key it does not name).
+
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::RDKafkaErrorCode;
+
+use crate::kafka::{Role, Settings};
+
+/// What the changelog must be.
+#[derive(Clone, Debug)]
+pub struct Wanted<'a> {
+    /// Its name.
+    pub changelog: &'a str,
+    /// The input topic whose partitions it mirrors.
+    pub input: &'a str,
+    /// The shortest retention that keeps every open window's keys.
+    pub retention: Duration,
+}
+
+/// Creates the changelog if it is missing, then checks it. An error names `flag` and says
+/// what is wrong (a wrong partition count, a policy that would delete keys too early), or why
+/// the cluster could not be asked.
+pub async fn ensure(
+    kafka: &Settings,
+    wanted: &Wanted<'_>,
+    timeout: Duration,
+) -> Result<(), String> {
+    let admin: AdminClient<DefaultClientContext> = kafka
+        .to_rdkafka(Role::Admin)
+        .create()
+        .map_err(|e| format!("an admin client: {e}"))?;
+    // All topics: asking for one by name may create it with the broker's defaults.
+    let partitions = |admin: &AdminClient<DefaultClientContext>, name: &str| {
+        let md = admin
+            .inner()
+            .fetch_metadata(None, timeout)
+            .map_err(|e| format!("the cluster's topics: {e}"))?;
+        Ok::<_, String>(md.topics().iter().find(|t| t.name() == name).map(|t| {
+            let replicas = t.partitions().first().map_or(1, |p| p.replicas().len());
+            (t.partitions().len(), replicas)
+        }))
+    };
+    let (input_partitions, replicas) = partitions(&admin, wanted.input)?
+        .ok_or_else(|| format!("the input topic '{}' does not exist", wanted.input))?;
+    let opts = AdminOptions::new().operation_timeout(Some(timeout));
+    if partitions(&admin, wanted.changelog)?.is_none() {
+        let retention = wanted.retention.as_millis().to_string();
+        let topic = NewTopic::new(
+            wanted.changelog,
+            i32::try_from(input_partitions).unwrap_or(i32::MAX),
+            TopicReplication::Fixed(i32::try_from(replicas).unwrap_or(1)),
+        )
+        .set("cleanup.policy", "compact,delete")
+        .set("retention.ms", &retention)
+        .set("message.timestamp.type", "CreateTime");
+        let created = admin
+            .create_topics([&topic], &opts)
+            .await
+            .map_err(|e| format!("creating '{}': {e}", wanted.changelog))?;
+        for result in created {
+            match result {
+                Ok(_) => tracing::info!(
+                    topic = wanted.changelog,
+                    partitions = input_partitions,
+                    retention_ms = %retention,
+                    "changelog topic created"
+                ),
+                // Another instance created it meanwhile: checked below like any other.
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((name, code)) => return Err(format!("creating '{name}': {code}")),
+            }
+        }
+    }
+    let (have, _) = partitions(&admin, wanted.changelog)?.ok_or_else(|| {
+        format!(
+            "'{}' was created but the cluster does not list it",
+            wanted.changelog
+        )
+    })?;
+    if have != input_partitions {
+        return Err(format!(
+            "'{}' has {have} partitions and the input '{}' {input_partitions}: each input \
+             partition's state lives in the changelog partition of its number (choose \
+             another changelog, or recreate it)",
+            wanted.changelog, wanted.input
+        ));
+    }
+    let configs = admin
+        .describe_configs([&ResourceSpecifier::Topic(wanted.changelog)], &opts)
+        .await
+        .map_err(|e| format!("describing '{}': {e}", wanted.changelog))?;
+    let resource = configs
+        .into_iter()
+        .next()
+        .ok_or_else(|| format!("describing '{}': no answer", wanted.changelog))?
+        .map_err(|e| format!("describing '{}': {e}", wanted.changelog))?;
+    let value = |name: &str| resource.get(name).and_then(|e| e.value.clone());
+    check_configs(
+        wanted,
+        value("cleanup.policy").as_deref(),
+        value("retention.ms").as_deref(),
+    )
+}
+
+/// Whether a changelog's `cleanup.policy` and `retention.ms` keep what a restore needs.
+fn check_configs(
+    wanted: &Wanted<'_>,
+    policy: Option<&str>,
+    retention: Option<&str>,
+) -> Result<(), String> {
+    let name = wanted.changelog;
+    let policy = policy.unwrap_or("delete");
+    if !policy.split(',').any(|p| p.trim() == "compact") {
+        return Err(format!(
+            "'{name}' has cleanup.policy={policy}: a changelog needs compact (or \
+             compact,delete), or it grows with every key ever seen"
+        ));
+    }
+    let deletes = policy.split(',').any(|p| p.trim() == "delete");
+    let ms: i64 = match retention.map(str::parse) {
+        Some(Ok(ms)) => ms,
+        _ => return Ok(()),
+    };
+    let needed = i64::try_from(wanted.retention.as_millis()).unwrap_or(i64::MAX);
+    if deletes && ms >= 0 && ms < needed {
+        return Err(format!(
+            "'{name}' keeps records {}; the window, its grace and a day need {}: keys of \
+             open windows would be deleted (raise its retention.ms)",
+            humantime::format_duration(Duration::from_millis(ms as u64)),
+            humantime::format_duration(wanted.retention)
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_changelog_must_compact_and_keep_every_open_window() {
+        let w = Wanted {
+            changelog: "c",
+            input: "in",
+            retention: Duration::from_secs(2 * 86_400),
+        };
+        let day = "86400000";
+        assert!(check_configs(&w, Some("compact,delete"), Some("172800000")).is_ok());
+        assert!(
+            check_configs(&w, Some("compact"), Some(day)).is_ok(),
+            "never deletes"
+        );
+        assert!(check_configs(&w, Some("compact, delete"), Some("-1")).is_ok());
+        let e = check_configs(&w, Some("delete"), Some("-1")).unwrap_err();
+        assert!(e.contains("needs compact"), "{e}");
+        let e = check_configs(&w, None, None).unwrap_err();
+        assert!(e.contains("cleanup.policy=delete"), "{e}");
+        let e = check_configs(&w, Some("compact,delete"), Some(day)).unwrap_err();
+        assert!(
+            e.contains("keeps records 1day") && e.contains("2days"),
+            "{e}"
+        );
+    }
+}

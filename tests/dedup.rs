@@ -1,0 +1,128 @@
+//! The dedup against the real broker (`--dedup-window`, issue 24): the seed's daily active
+//! users, the first start-up event per device per day, exactly once across kill -9.
+//!
+//! Every check reads the outputs read_committed and finds each output's input through the
+//! lineage header: the outputs must be exactly the first record of each (day, device) in its
+//! partition's order.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const DAY: i64 = 86_400_000;
+/// 2026-12-01T00:00:00Z.
+const START: i64 = 1_764_547_200_000;
+
+/// `devices` devices over `days` days, `per_day` events each per day, in time order within a
+/// partition; device `d` writes to partition `d % partitions` (its key's partition).
+fn startups(devices: usize, days: i64, per_day: i64, partitions: i32) -> Vec<In> {
+    let mut events = Vec::new();
+    for day in 0..days {
+        for n in 0..per_day {
+            for d in 0..devices {
+                let t = START + day * DAY + (n * DAY / per_day) + d as i64 * 1000;
+                let device = format!("dev-{d}");
+                let mut r = In::json(
+                    d as i32 % partitions,
+                    &device,
+                    serde_json::json!({"device": device, "event": "app_start", "n": n}),
+                );
+                r.timestamp = Some(t);
+                events.push(r);
+            }
+        }
+    }
+    events
+}
+
+/// The (partition, offset) of the first record of each (UTC day, key) of `topic`, read from
+/// the beginning.
+fn firsts(topic: &str) -> BTreeSet<(i32, i64)> {
+    let mut first: BTreeMap<(i32, i64, Vec<u8>), i64> = BTreeMap::new();
+    for r in read_all(topic, "read_uncommitted") {
+        let t = r.timestamp.expect("a timestamp");
+        let key = (
+            r.partition,
+            t.div_euclid(DAY),
+            r.key.clone().unwrap_or_default(),
+        );
+        first.entry(key).or_insert(r.offset);
+    }
+    first.into_iter().map(|((p, _, _), o)| (p, o)).collect()
+}
+
+fn args(topics: &Topics, group: &str, instance: &str) -> Vec<String> {
+    let mut a = base_args(topics, group, instance);
+    a.extend(
+        [
+            "--dedup-window",
+            "1d",
+            "--dedup-grace",
+            "3d",
+            "--max-records-per-txn",
+            "200",
+        ]
+        .map(String::from),
+    );
+    a
+}
+
+#[test]
+fn the_first_startup_per_device_per_day_goes_on_exactly_once_across_kill_9() {
+    let topics = Topics::create("dedup", 3, 3);
+    let group = unique("dedup-g");
+    let events = startups(90, 3, 6, 3);
+    let total = events.len() as i64;
+    produce(&topics.input, &events);
+
+    // Killed once part of the input is committed, the state in memory lost with it.
+    let mut ex = Exactly::start(&args(&topics, &group, "dedup-0"));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while committed_total(&group, &topics.input) < total / 3 {
+        assert!(!ex.has_exited(), "exactly stopped: {}", ex.log_text());
+        assert!(
+            Instant::now() < deadline,
+            "nothing committed: {}",
+            ex.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    ex.kill9();
+    assert!(
+        committed_total(&group, &topics.input) < total,
+        "killed too late to matter"
+    );
+
+    let mut again = Exactly::start(&args(&topics, &group, "dedup-0"));
+    wait_all_committed(&group, &topics.input, Duration::from_secs(180));
+    let log = again.log_text();
+    assert!(log.contains("dedup state restored"), "{log}");
+    again.stop_cleanly();
+
+    let outputs = read_all(&topics.output, "read_committed");
+    let got: Vec<(i32, i64)> = outputs
+        .iter()
+        .map(|o| {
+            let (_, p, off, _) = o.lineage();
+            (p, off)
+        })
+        .collect();
+    let unique_got: BTreeSet<(i32, i64)> = got.iter().copied().collect();
+    assert_eq!(got.len(), unique_got.len(), "an input went out twice");
+    let want = firsts(&topics.input);
+    assert_eq!(want.len(), 90 * 3, "one per device per day");
+    assert_eq!(unique_got, want, "exactly the first of each (day, device)");
+    assert!(read_all(&topics.dlq, "read_committed").is_empty());
+    // The changelog: one partition per input partition, a record per key and day (plus the
+    // stream times).
+    let changelog = format!("{group}.dedup-changelog");
+    let records = read_all(&changelog, "read_committed");
+    let keys = records
+        .iter()
+        .filter(|r| r.key.as_deref().is_some_and(|k| k.get(1) == Some(&b'k')));
+    assert_eq!(keys.count(), 90 * 3);
+    assert_eq!(end_offsets(&changelog).len(), 3);
+}
