@@ -126,3 +126,143 @@ fn the_first_startup_per_device_per_day_goes_on_exactly_once_across_kill_9() {
     assert_eq!(keys.count(), 90 * 3);
     assert_eq!(end_offsets(&changelog).len(), 3);
 }
+
+/// Two instances, partitions moving between them as the second joins and the first is killed,
+/// every third transaction aborted (its changelog records too): each instance restores what
+/// the other committed, never an aborted decision.
+#[test]
+fn partitions_moving_between_two_instances_keep_each_device_once_per_day() {
+    let topics = Topics::create("dedup-moves", 4, 2);
+    let group = unique("dedup-moves-g");
+    let events = startups(60, 2, 8, 4);
+    let total = events.len() as i64;
+    let (early, late) = events.split_at(events.len() / 2);
+    produce(&topics.input, early);
+    let with_aborts = |instance: &str| {
+        let mut a = args(&topics, &group, instance);
+        a.extend(["--test-abort-every", "3"].map(String::from));
+        a
+    };
+    let mut first = Exactly::start(&with_aborts("dedup-a"));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while committed_total(&group, &topics.input) < total / 4 {
+        assert!(!first.has_exited(), "exactly stopped: {}", first.log_text());
+        assert!(
+            Instant::now() < deadline,
+            "nothing committed: {}",
+            first.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut second = Exactly::start(&with_aborts("dedup-b"));
+    second.wait_log("its share restored", Duration::from_secs(60), |ex| {
+        ex.log_text().contains("dedup state restored")
+    });
+    produce(&topics.input, late);
+    std::thread::sleep(Duration::from_millis(300));
+    first.kill9();
+    wait_all_committed(&group, &topics.input, Duration::from_secs(180));
+    assert!(!second.has_exited(), "{}", second.log_text());
+    second.stop_cleanly();
+
+    let outputs = read_all(&topics.output, "read_committed");
+    let got: Vec<(i32, i64)> = outputs
+        .iter()
+        .map(|o| {
+            let (_, p, off, _) = o.lineage();
+            (p, off)
+        })
+        .collect();
+    let unique_got: BTreeSet<(i32, i64)> = got.iter().copied().collect();
+    assert_eq!(got.len(), unique_got.len(), "an input went out twice");
+    let want = firsts(&topics.input);
+    assert_eq!(want.len(), 60 * 2);
+    assert_eq!(unique_got, want, "exactly the first of each (day, device)");
+}
+
+/// A changelog topic that cannot hold the state stops start-up, naming the flag and why.
+#[test]
+fn a_changelog_with_other_partitions_or_policy_stops_start_up_naming_it() {
+    let topics = Topics::create("dedup-bad-cl", 3, 1);
+    let group = unique("dedup-bad-cl-g");
+    let wrong_count = unique("dedup-cl-2");
+    create_topics(&[(&wrong_count, 2)]);
+    let mut a = args(&topics, &group, "dedup-bad");
+    a.extend(["--dedup-changelog", &wrong_count].map(String::from));
+    let mut ex = Exactly::start(&a);
+    assert!(!ex.wait(Duration::from_secs(60)).success());
+    let log = ex.log_text();
+    assert!(
+        log.contains("--dedup-changelog") && log.contains("has 2 partitions"),
+        "{log}"
+    );
+    // A plain topic (cleanup.policy=delete) of the right size: never compacted.
+    let plain = unique("dedup-cl-plain");
+    create_topics(&[(&plain, 3)]);
+    let mut a = args(&topics, &group, "dedup-bad");
+    a.extend(["--dedup-changelog", &plain].map(String::from));
+    let mut ex = Exactly::start(&a);
+    assert!(!ex.wait(Duration::from_secs(60)).success());
+    let log = ex.log_text();
+    assert!(log.contains("needs compact"), "{log}");
+}
+
+/// The changelog as a previous owner left it: a key in an aborted transaction (never
+/// restored: its record comes again and decides again) and one committed (restored: the
+/// device was seen that day).
+#[test]
+fn a_restore_reads_what_committed_and_never_what_aborted() {
+    use exactly::state::changelog::encode;
+    use exactly::state::seen::Change;
+    use rdkafka::producer::Producer;
+
+    let topics = Topics::create("dedup-restore", 1, 1);
+    let group = unique("dedup-restore-g");
+    let changelog = format!("{group}.dedup-changelog");
+    create_topics_with(&[(
+        &changelog,
+        1,
+        &[("cleanup.policy", "compact,delete"), ("retention.ms", "-1")][..],
+    )]);
+    let day0 = exactly::state::window::Window {
+        start: START,
+        end: START + DAY,
+    };
+    let seen = |device: &str| {
+        let (k, v) = encode(&Change::Key {
+            window: day0,
+            key: device.as_bytes().into(),
+        });
+        let mut r = In::raw(0, "", &v);
+        r.key = Some(k);
+        r
+    };
+    let previous = Writer::transactional(&unique("previous-owner"));
+    let p = previous.producer();
+    p.begin_transaction().unwrap();
+    previous.write(&changelog, &[seen("dev-0")]);
+    p.abort_transaction(Duration::from_secs(30)).unwrap();
+    p.begin_transaction().unwrap();
+    previous.write(&changelog, &[seen("dev-1")]);
+    p.commit_transaction(Duration::from_secs(30)).unwrap();
+
+    let events: Vec<In> = ["dev-0", "dev-1", "dev-2"]
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let mut r = In::json(0, d, serde_json::json!({"device": d}));
+            r.timestamp = Some(START + 3_600_000 * (i as i64 + 1));
+            r
+        })
+        .collect();
+    produce(&topics.input, &events);
+    let mut ex = Exactly::start(&args(&topics, &group, "dedup-r"));
+    wait_all_committed(&group, &topics.input, Duration::from_secs(120));
+    ex.stop_cleanly();
+    let mut keys: Vec<Vec<u8>> = read_all(&topics.output, "read_committed")
+        .into_iter()
+        .filter_map(|o| o.key)
+        .collect();
+    keys.sort();
+    assert_eq!(keys, [b"dev-0".to_vec(), b"dev-2".to_vec()]);
+}
