@@ -35,12 +35,14 @@
 //! - [`transform`]: the [`transform::Transform`] lifecycle (apply, partitions assigned and
 //!   revoked, how each unit its records went into ended; a bad record is not an unavailable
 //!   transform), one file per kind: passthrough,
-//!   jq (jaq); and [`transform::call`], the call-out's wire format, its
+//!   jq (jaq), the dedup (the first record per key per window, its keys in the transaction and
+//!   a changelog); and [`transform::call`], the call-out's wire format, its
 //!   [`transform::call::Application`] seam and HTTP client, and the pure function from a
 //!   record and its answer to outputs.
-//! - [`state`]: state kept exactly once (issue 24, being built; not wired into the loop
-//!   yet): windows of event time in a time zone, the keys seen per window in two layers (the
-//!   committed cache of the changelog, the open unit's), and the changelog's record format.
+//! - [`state`]: state kept exactly once: windows of event time in a time zone, the keys seen
+//!   per window in two layers (the committed cache of the changelog, the open unit's), the
+//!   changelog's record format, its topic (created or checked at start) and its restore.
+//!   The transform that uses it is [`transform::dedup`] (`--dedup-window`).
 //! - [`records`]: what goes out for one input (outputs with headers, or its DLQ copy), checked
 //!   against the producer's size limit; shared by the pipeline and the audit's replay.
 //! - [`headers`]: the lineage header on every output and the reason headers on DLQ records.
