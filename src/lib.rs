@@ -108,7 +108,18 @@ async fn dedup_intake(
     metrics: &Metrics,
     shutdown: &CancellationToken,
 ) -> Result<Box<dyn transform::Transform>, Error> {
-    let [key, time, then] = transform::dedup::programs(dedup, &config.transform)?;
+    let programs = transform::dedup::programs(dedup, &config.transform)?;
+    let store = match &dedup.state_dir {
+        None => None,
+        Some(dir) => {
+            let open = || {
+                std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+                state::store::Redb::open(&dir.join(format!("{}.redb", dedup.changelog)))
+            };
+            let store = open().map_err(|e| Error::Config(format!("--state-dir: {e}")))?;
+            Some(Box::new(store) as Box<dyn state::store::Store>)
+        }
+    };
     let config::Input::Topics(topics) = &config.group.input else {
         return Err(Error::Config("--dedup-window: needs --input-topics".into()));
     };
@@ -128,7 +139,7 @@ async fn dedup_intake(
         shutdown.clone(),
     )
     .map_err(Error::Startup)?;
-    let t = transform::dedup::Dedup::new(dedup, key, time, then, Box::new(source), metrics.clone());
+    let t = transform::dedup::Dedup::new(dedup, programs, Box::new(source), store, metrics.clone());
     Ok(Box::new(t))
 }
 

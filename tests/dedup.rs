@@ -13,8 +13,15 @@ use std::time::{Duration, Instant};
 use common::*;
 
 const DAY: i64 = 86_400_000;
-/// 2026-12-01T00:00:00Z.
-const START: i64 = 1_764_547_200_000;
+
+/// Midnight UTC three days ago: recent enough that the broker's retention keeps the records.
+fn start() -> i64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    (now / DAY - 3) * DAY
+}
 
 /// `devices` devices over `days` days, `per_day` events each per day, in time order within a
 /// partition; device `d` writes to partition `d % partitions` (its key's partition).
@@ -23,7 +30,7 @@ fn startups(devices: usize, days: i64, per_day: i64, partitions: i32) -> Vec<In>
     for day in 0..days {
         for n in 0..per_day {
             for d in 0..devices {
-                let t = START + day * DAY + (n * DAY / per_day) + d as i64 * 1000;
+                let t = start() + day * DAY + (n * DAY / per_day) + d as i64 * 1000;
                 let device = format!("dev-{d}");
                 let mut r = In::json(
                     d as i32 % partitions,
@@ -224,9 +231,10 @@ fn a_restore_reads_what_committed_and_never_what_aborted() {
         1,
         &[("cleanup.policy", "compact,delete"), ("retention.ms", "-1")][..],
     )]);
+    let start = start();
     let day0 = exactly::state::window::Window {
-        start: START,
-        end: START + DAY,
+        start,
+        end: start + DAY,
     };
     let seen = |device: &str| {
         let (k, v) = encode(&Change::Key {
@@ -251,7 +259,7 @@ fn a_restore_reads_what_committed_and_never_what_aborted() {
         .enumerate()
         .map(|(i, d)| {
             let mut r = In::json(0, d, serde_json::json!({"device": d}));
-            r.timestamp = Some(START + 3_600_000 * (i as i64 + 1));
+            r.timestamp = Some(start + 3_600_000 * (i as i64 + 1));
             r
         })
         .collect();
@@ -265,4 +273,68 @@ fn a_restore_reads_what_committed_and_never_what_aborted() {
         .collect();
     keys.sort();
     assert_eq!(keys, [b"dev-0".to_vec(), b"dev-2".to_vec()]);
+}
+
+/// With `--state-dir`, a restart after kill -9 loads the keys from the local store and reads
+/// only the changelog written after the store's last mark; the outputs stay exactly the first
+/// of each (day, device).
+#[test]
+fn a_restart_with_its_local_store_reads_only_the_changelog_after_the_store() {
+    let topics = Topics::create("dedup-store", 2, 2);
+    let group = unique("dedup-store-g");
+    let dir = std::env::temp_dir().join(unique("exactly-state"));
+    let mut a = args(&topics, &group, "dedup-s");
+    a.extend(["--state-dir".to_string(), dir.display().to_string()]);
+    let events = startups(200, 2, 4, 2);
+    let (first, rest) = events.split_at(events.len() / 2);
+    let committed_past = |n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while committed_total(&group, &topics.input) < n as i64 {
+            assert!(Instant::now() < deadline, "{n} never committed");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let mut ex = Exactly::start(&a);
+    produce(&topics.input, first);
+    committed_past(first.len());
+    // A commit after the checkpoint interval (10 s) moves the store's marks.
+    std::thread::sleep(Duration::from_secs(11));
+    produce(&topics.input, &rest[..10]);
+    committed_past(first.len() + 10);
+    produce(&topics.input, &rest[10..20]);
+    committed_past(first.len() + 20);
+    ex.kill9();
+
+    let mut again = Exactly::start(&a);
+    again.wait_log("restored", Duration::from_secs(60), |ex| {
+        ex.log_text().matches("dedup state restored").count() >= 2
+    });
+    let (mut from_changelog, mut from_store) = (0, 0);
+    for line in again.log_lines() {
+        if line.contains("dedup state restored") {
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            from_changelog += v["records"].as_u64().unwrap();
+            from_store += v["stored"].as_u64().unwrap();
+        }
+    }
+    assert!(from_store >= 200, "the store held the first half's keys: {from_store}");
+    assert!(
+        from_changelog < 40,
+        "only what came after the store's mark: {from_changelog} records"
+    );
+    produce(&topics.input, &rest[20..]);
+    wait_all_committed(&group, &topics.input, Duration::from_secs(120));
+    again.stop_cleanly();
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let got: Vec<(i32, i64)> = read_all(&topics.output, "read_committed")
+        .iter()
+        .map(|o| {
+            let (_, p, off, _) = o.lineage();
+            (p, off)
+        })
+        .collect();
+    let unique_got: BTreeSet<(i32, i64)> = got.iter().copied().collect();
+    assert_eq!(got.len(), unique_got.len(), "an input went out twice");
+    assert_eq!(unique_got, firsts(&topics.input));
 }

@@ -67,6 +67,12 @@ pub struct DedupArgs {
     /// when present.
     #[arg(long, env = "EXACTLY_DEDUP_CHANGELOG", value_name = "TOPIC")]
     pub dedup_changelog: Option<String>,
+
+    /// Keep the dedup's committed keys in a local store in this directory (created if
+    /// missing), so a restart reads only the changelog's records since the store's last
+    /// write [default: memory only: every restore reads the whole changelog].
+    #[arg(long, env = "EXACTLY_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 /// The resolved dedup configuration.
@@ -84,6 +90,8 @@ pub struct DedupConfig {
     pub changelog: String,
     /// How long the changelog keeps a record: the window, its grace, and a day.
     pub retention: Duration,
+    /// The local store's directory, if any.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 /// A day, the margin the changelog keeps records past their window's close.
@@ -98,6 +106,7 @@ impl DedupArgs {
                 ("--dedup-time", self.dedup_time.is_some()),
                 ("--dedup-changelog", self.dedup_changelog.is_some()),
                 ("--dedup-key-partitioned", self.dedup_key_partitioned),
+                ("--state-dir", self.state_dir.is_some()),
             ];
             if let Some((flag, _)) = set.iter().find(|(_, on)| *on) {
                 return Err(Error::Config(format!("{flag}: needs --dedup-window")));
@@ -132,6 +141,7 @@ impl DedupArgs {
             retention: window
                 .saturating_add(self.dedup_grace)
                 .saturating_add(MARGIN),
+            state_dir: self.state_dir,
         }))
     }
 }

@@ -40,7 +40,7 @@ impl Faults {
         self.attempts += 1;
         match self.aborts {
             None => false,
-            Some(TestAborts::Every(n)) => self.attempts % n == 0,
+            Some(TestAborts::Every(n)) => self.attempts.is_multiple_of(n),
             Some(TestAborts::Probability(p)) => {
                 // xorshift64: test-only randomness without a dependency.
                 self.rng ^= self.rng << 13;

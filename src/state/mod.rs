@@ -15,10 +15,13 @@
 //!   record (first, duplicate, late); closed windows dropped in bulk.
 //! - [`changelog`]: a change as a Kafka record and back.
 //! - [`restore`]: a partition's changelog read back, to its end (the high watermark).
+//! - [`store`]: the local store (`--state-dir`, redb): the committed keys on disk with how far
+//!   into the changelog they are, so a restart reads only what came after.
 //! - [`topic`]: the changelog topic, created or checked at start.
 
 pub mod changelog;
 pub mod restore;
 pub mod seen;
+pub mod store;
 pub mod topic;
 pub mod window;

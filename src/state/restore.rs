@@ -20,12 +20,45 @@ use crate::kafka::{Isolation, Role, Settings};
 /// What a read hands each record to: its key and value.
 pub type Each<'e> = dyn FnMut(Option<&[u8]>, Option<&[u8]>) + 'e;
 
+/// What a read got to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Read {
+    /// Records handed out.
+    pub records: u64,
+    /// The offset it read to (the high watermark when it began): the next read starts here.
+    pub end: i64,
+}
+
+/// Why a read did not get to the end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unread {
+    /// The offset asked for is not in the partition (deleted by retention, or the topic is
+    /// another one of that name): read it from the beginning instead.
+    OutOfRange(String),
+    /// Not now (the cluster, a previous owner's open transaction): try again later.
+    Failed(String),
+}
+
+impl std::fmt::Display for Unread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unread::OutOfRange(s) | Unread::Failed(s) => f.write_str(s),
+        }
+    }
+}
+
 /// Where a partition's committed changes are read back from.
 pub trait Changelog: Send {
     /// Hands every committed record of changelog partition `partition` to `each` (its key and
-    /// value), from the beginning to the end. How many records were read; an error says why
-    /// the end was not reached (the caller restores the partition again later).
-    fn read(&mut self, partition: i32, each: &mut Each<'_>) -> Result<u64, String>;
+    /// value), from offset `from` (`None`: the beginning) to the end.
+    fn read(
+        &mut self,
+        partition: i32,
+        from: Option<i64>,
+        each: &mut Each<'_>,
+    ) -> Result<Read, Unread>;
+    /// The partition's end now (its high watermark): everything committed is below it.
+    fn end(&mut self, partition: i32) -> Result<i64, String>;
 }
 
 /// A changelog topic on the cluster.
@@ -75,30 +108,45 @@ impl KafkaChangelog {
 }
 
 impl Changelog for KafkaChangelog {
-    fn read(&mut self, partition: i32, each: &mut Each<'_>) -> Result<u64, String> {
+    fn read(
+        &mut self,
+        partition: i32,
+        from: Option<i64>,
+        each: &mut Each<'_>,
+    ) -> Result<Read, Unread> {
         let started = Instant::now();
         let deadline = started + self.bound;
         let at = |what: &str| format!("changelog {}[{partition}]: {what}", self.topic);
+        let failed = |what: &str| Unread::Failed(at(what));
         let (low, high) = self
             .meter
             .fetch_watermarks(&self.topic, partition, self.bound)
-            .map_err(|e| at(&format!("its end offsets: {e}")))?;
-        if high <= low {
-            return Ok(0);
-        }
+            .map_err(|e| failed(&format!("its end offsets: {e}")))?;
+        let done = |records| Read { records, end: high };
+        let offset = match from {
+            Some(o) if o < low || o > high => {
+                return Err(Unread::OutOfRange(at(&format!(
+                    "offset {o} is outside [{low}, {high}]"
+                ))));
+            }
+            Some(o) if o == high => return Ok(done(0)),
+            Some(o) => Offset::Offset(o),
+            None if high <= low => return Ok(done(0)),
+            None => Offset::Beginning,
+        };
         let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&self.topic, partition, Offset::Beginning)
-            .map_err(|e| at(&e.to_string()))?;
+        tpl.add_partition_offset(&self.topic, partition, offset)
+            .map_err(|e| failed(&e.to_string()))?;
         self.reader
             .assign(&tpl)
-            .map_err(|e| at(&format!("assign: {e}")))?;
+            .map_err(|e| failed(&format!("assign: {e}")))?;
         let mut read = 0u64;
         let result = loop {
             if self.shutdown.is_cancelled() {
-                break Err(at("shutdown began"));
+                break Err(failed("shutdown began"));
             }
             if Instant::now() >= deadline {
-                break Err(at(&format!(
+                break Err(failed(&format!(
                     "not read to offset {high} within {:?} (at {:?}): a previous owner's \
                      transaction may still be open",
                     self.bound,
@@ -110,19 +158,27 @@ impl Changelog for KafkaChangelog {
                     each(m.key(), m.payload());
                     read += 1;
                     if m.offset() + 1 >= high {
-                        break Ok(read);
+                        break Ok(done(read));
                     }
                 }
-                Some(Err(e)) => break Err(at(&e.to_string())),
+                Some(Err(e)) => break Err(failed(&e.to_string())),
                 None => {
                     // Markers and aborted records at the tail move the position only.
                     if self.position(partition).is_some_and(|p| p >= high) {
-                        break Ok(read);
+                        break Ok(done(read));
                     }
                 }
             }
         };
         let _ = self.reader.unassign();
         result
+    }
+
+    fn end(&mut self, partition: i32) -> Result<i64, String> {
+        let (_, high) = self
+            .meter
+            .fetch_watermarks(&self.topic, partition, self.bound)
+            .map_err(|e| format!("changelog {}[{partition}]: its end: {e}", self.topic))?;
+        Ok(high)
     }
 }

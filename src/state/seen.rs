@@ -196,6 +196,11 @@ impl Seen {
         self.open.remove(tp);
     }
 
+    /// The committed stream time of `tp`, if it has one.
+    pub fn stream_time(&self, tp: &Tp) -> Option<i64> {
+        self.committed.get(tp)?.stream_time
+    }
+
     /// Committed keys held, over all partitions and windows.
     pub fn keys(&self) -> usize {
         self.committed.values().map(Layer::keys).sum()

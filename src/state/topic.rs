@@ -77,12 +77,22 @@ pub async fn ensure(
             }
         }
     }
-    let (have, _) = partitions(&admin, wanted.changelog)?.ok_or_else(|| {
-        format!(
-            "'{}' was created but the cluster does not list it",
-            wanted.changelog
-        )
-    })?;
+    // A topic just created takes a moment to reach every broker's metadata.
+    let listed_by = std::time::Instant::now() + timeout;
+    let have = loop {
+        match partitions(&admin, wanted.changelog)? {
+            Some((have, _)) => break have,
+            None if std::time::Instant::now() < listed_by => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            None => {
+                return Err(format!(
+                    "'{}' was created but the cluster does not list it after {timeout:?}",
+                    wanted.changelog
+                ));
+            }
+        }
+    };
     if have != input_partitions {
         return Err(format!(
             "'{}' has {have} partitions and the input '{}' {input_partitions}: each input \

@@ -30,7 +30,7 @@ impl Size {
         if ms == 0 {
             return Err("must be longer than 0".into());
         }
-        if ms % DAY_MS as u128 == 0 {
+        if ms.is_multiple_of(DAY_MS as u128) {
             let days = u32::try_from(ms / DAY_MS as u128).map_err(|_| "too long".to_string())?;
             return Ok(Size::Days(days));
         }
@@ -86,6 +86,12 @@ impl Windows {
                 })
             }
         }
+    }
+
+    /// The start of the first window still open at stream time `now`: every window that
+    /// starts before it is closed (the one holding `now - grace` ends after it).
+    pub fn first_open(&self, now: i64) -> Option<i64> {
+        Some(self.of(now.saturating_sub(self.grace))?.start)
     }
 
     /// When `w` closes: later records for it are late.

@@ -2,20 +2,22 @@
 //! on, through `--jq` if given (which sees the window's label as `$window`); later ones are
 //! dropped and counted; a record for a window that closed follows `--dedup-late`.
 //!
-//! The keys seen are [`Seen`]'s two layers; each first decision is also a record to the
-//! changelog partition of the record's input partition, among the record's own outputs, so it
-//! commits with them and with the offset; each partition's stream time goes there once per
-//! unit, before the commit ([`Transform::before_commit`]). How a unit ended moves the open
-//! layer down or drops it. A partition assigned is restored from its changelog before any of
-//! its records is decided: a restore that fails makes the transform unavailable (the unit
-//! aborts, the loop backs off, the restore is tried again); so does a commit whose outcome
-//! nobody can tell, for every partition owned (its changes may or may not have committed: only
-//! the changelog knows).
+//! The keys seen are [`Seen`]'s two layers. Each first decision and each partition's stream
+//! time are also records to the changelog partition of the record's input partition, written
+//! right before the commit ([`Transform::before_commit`]) in the same transaction as the
+//! outputs and the offsets. How a unit ended moves the open layer down (and, with
+//! `--state-dir`, writes the unit's changes to the local store) or drops it. A partition
+//! assigned is restored before any of its records is decided: from the local store, then the
+//! changelog from the store's mark (everything, without a store). A restore that fails makes
+//! the transform unavailable (the unit aborts, the loop backs off, the restore is tried
+//! again); a commit whose outcome nobody can tell restores every partition owned (its changes
+//! may or may not have committed: only the changelog knows).
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::jq::Jq;
 use super::{Failure, InputRecord, OutputHeaders, OutputRecord, Reason, Transform, TransformError};
@@ -23,9 +25,14 @@ use crate::config::{DedupConfig, Late};
 use crate::kafka::Tp;
 use crate::metrics::Metrics;
 use crate::state::changelog;
-use crate::state::restore::Changelog;
+use crate::state::restore::{Changelog, Unread};
 use crate::state::seen::{Change, Seen, Verdict};
+use crate::state::store::{Batch, Store};
 use crate::state::window::Window;
+
+/// How often the local store's marks move to the changelog's end (one request per partition
+/// written since): a restart after a crash reads at most this much of the changelog again.
+const CHECKPOINT: Duration = Duration::from_secs(10);
 
 /// The dedup in front of the record's transform.
 pub struct Dedup {
@@ -37,21 +44,30 @@ pub struct Dedup {
     topic: String,
     seen: Seen,
     source: Box<dyn Changelog>,
+    /// The committed state on disk (`--state-dir`), if any.
+    store: Option<Box<dyn Store>>,
     owned: BTreeSet<Tp>,
     /// Owned partitions whose state is not read back yet.
     unrestored: BTreeSet<Tp>,
+    /// The open unit's changes, in order (partition, change): its changelog records, and what
+    /// its commit writes to the store.
+    pending: Vec<(i32, Change)>,
+    /// How many of `pending` went to the changelog already.
+    sent: usize,
+    /// Partitions whose store mark is behind their changelog (changes written since).
+    behind: BTreeSet<i32>,
+    checkpointed: Instant,
     metrics: Metrics,
 }
 
 impl Dedup {
-    /// The dedup of `config`, restoring from `source`; `then`: the program for the first of
-    /// each key (compiled already).
+    /// The dedup of `config`, restoring from `source` (and `store`, if any); `then`: the
+    /// program for the first of each key (compiled already).
     pub fn new(
         config: &DedupConfig,
-        key: Option<Jq>,
-        time: Option<Jq>,
-        then: Option<Jq>,
+        [key, time, then]: [Option<Jq>; 3],
         source: Box<dyn Changelog>,
+        store: Option<Box<dyn Store>>,
         metrics: Metrics,
     ) -> Dedup {
         Dedup {
@@ -62,55 +78,188 @@ impl Dedup {
             topic: config.changelog.clone(),
             seen: Seen::new(config.windows.clone()),
             source,
+            store,
             owned: BTreeSet::new(),
             unrestored: BTreeSet::new(),
+            pending: Vec::new(),
+            sent: 0,
+            behind: BTreeSet::new(),
+            checkpointed: Instant::now(),
             metrics,
         }
     }
 
-    /// Reads `tp`'s state back from its changelog partition, over whatever was held of it.
+    /// Reads `tp`'s state back, over whatever was held of it: what the local store holds, then
+    /// the changelog from the store's mark (from its beginning without one, or when the mark
+    /// is not in it any more); what the changelog added goes to the store with the new mark.
     fn restore(&mut self, tp: &Tp) -> Result<(), String> {
+        let p = tp.1;
         self.seen.revoked(tp);
         self.metrics
             .state_restoring
             .set(self.unrestored.len() as i64);
-        let started = std::time::Instant::now();
-        let (seen, mut skipped) = (&mut self.seen, 0u64);
-        let read = self
-            .source
-            .read(tp.1, &mut |k, v| match changelog::decode(k, v) {
-                Ok(change) => seen.restore(tp, change),
-                Err(why) => {
-                    if skipped == 0 {
-                        warn!(
-                            partition = tp.1,
-                            why, "a changelog record that is no state change; skipped"
-                        );
+        let started = Instant::now();
+        let (from, stored) = self.load(tp);
+        let mut from = from;
+        let (delta, read, skipped) = loop {
+            let (seen, mut delta, mut skipped) = (&mut self.seen, Batch::default(), 0u64);
+            let read = self
+                .source
+                .read(p, from, &mut |k, v| match changelog::decode(k, v) {
+                    Ok(change) => {
+                        match &change {
+                            Change::Key { window, key } => {
+                                delta.keys.push((p, *window, key.clone()))
+                            }
+                            Change::StreamTime(t) => delta.stream_times.push((p, *t)),
+                        }
+                        seen.restore(tp, change)
                     }
-                    skipped += 1;
+                    Err(why) => {
+                        if skipped == 0 {
+                            warn!(
+                                partition = p,
+                                why, "a changelog record that is no state change; skipped"
+                            );
+                        }
+                        skipped += 1;
+                    }
+                });
+            match read {
+                Ok(read) => break (delta, read, skipped),
+                Err(Unread::OutOfRange(why)) if from.is_some() => {
+                    warn!(
+                        partition = p,
+                        why, "the local store's mark is not in the changelog; reading it all"
+                    );
+                    self.seen.revoked(tp);
+                    if let Some(store) = &mut self.store
+                        && let Err(e) = store.wipe(p)
+                    {
+                        self.store_failed(&e);
+                    }
+                    from = None;
                 }
-            });
-        let read = match read {
-            Ok(n) => n,
-            Err(e) => {
-                self.seen.revoked(tp);
-                self.metrics.state_restore_failures.inc();
-                return Err(format!("restoring the dedup state: {e}"));
+                Err(e) => {
+                    self.seen.revoked(tp);
+                    self.metrics.state_restore_failures.inc();
+                    return Err(format!("restoring the dedup state: {e}"));
+                }
             }
         };
         self.seen.restored(tp);
+        let mut delta = delta;
+        delta.marks.push((p, read.end));
+        delta.expire.extend(self.expire(tp));
+        self.write(&delta);
+        self.behind.remove(&p);
         self.unrestored.remove(tp);
-        self.metrics.state_restored_records.inc_by(read);
+        self.metrics.state_restored_records.inc_by(read.records);
         self.metrics
             .state_restoring
             .set(self.unrestored.len() as i64);
         self.gauges();
         info!(
-            topic = %tp.0, partition = tp.1, records = read, skipped,
+            topic = %tp.0, partition = p, records = read.records, stored, from = ?from, skipped,
             took = ?started.elapsed(), keys = self.seen.keys(),
             "dedup state restored"
         );
         Ok(())
+    }
+
+    /// What the local store holds of `tp`, into the committed layer: the changelog offset to
+    /// read on from (`None`: its beginning), and how many keys it held.
+    fn load(&mut self, tp: &Tp) -> (Option<i64>, u64) {
+        let Some(store) = &mut self.store else {
+            return (None, 0);
+        };
+        let (seen, mut stored) = (&mut self.seen, 0u64);
+        let loaded = store.load(tp.1, &mut |window, key| {
+            seen.restore(
+                tp,
+                Change::Key {
+                    window,
+                    key: key.into(),
+                },
+            );
+            stored += 1;
+        });
+        match loaded {
+            Ok(Some(mark)) => {
+                if let Some(t) = mark.stream_time {
+                    self.seen.restore(tp, Change::StreamTime(t));
+                }
+                (Some(mark.next), stored)
+            }
+            Ok(None) => (None, 0),
+            Err(e) => {
+                self.seen.revoked(tp);
+                self.store_failed(&e);
+                (None, 0)
+            }
+        }
+    }
+
+    /// The windows of `tp` the store may drop: those starting before the first still open.
+    fn expire(&self, tp: &Tp) -> Option<(i32, i64)> {
+        let st = self.seen.stream_time(tp)?;
+        Some((tp.1, self.seen.windows().first_open(st)?))
+    }
+
+    /// Writes `batch` to the local store, if there is one.
+    fn write(&mut self, batch: &Batch) {
+        if let Some(store) = &mut self.store
+            && let Err(e) = store.write(batch)
+        {
+            self.store_failed(&e);
+        }
+    }
+
+    /// The local store failed: a mark could now be ahead of what it holds. Every mark goes
+    /// (a restore reads the changelog from its beginning) and the store is not used again.
+    fn store_failed(&mut self, e: &str) {
+        error!(
+            error = e,
+            "the local state store failed; restores read the changelog from its beginning from now on"
+        );
+        if let Some(mut store) = self.store.take() {
+            for p in self.owned.iter().map(|tp| tp.1) {
+                let _ = store.wipe(p);
+            }
+        }
+    }
+
+    /// Moves the marks of the partitions written since the last checkpoint to their
+    /// changelog's end (every commit is below it: nothing of this instance's is open now).
+    fn checkpoint(&mut self, batch: &mut Batch, only: Option<&[Tp]>) {
+        if self.store.is_none() {
+            self.behind.clear();
+            return;
+        }
+        let due: Vec<i32> = match only {
+            Some(ps) => ps
+                .iter()
+                .map(|tp| tp.1)
+                .filter(|p| self.behind.contains(p))
+                .collect(),
+            None => self.behind.iter().copied().collect(),
+        };
+        for p in due {
+            match self.source.end(p) {
+                Ok(end) => {
+                    batch.marks.push((p, end));
+                    self.behind.remove(&p);
+                }
+                Err(e) => warn!(
+                    partition = p,
+                    error = e,
+                    "the changelog's end is unknown; the store's mark stays"
+                ),
+            }
+        }
+        if only.is_none() {
+            self.checkpointed = Instant::now();
+        }
     }
 
     fn gauges(&self) {
@@ -245,18 +394,17 @@ impl Transform for Dedup {
             }
             Verdict::First => {
                 self.verdict("first");
-                let mut outputs = match self.output(input, &window) {
-                    Ok(outputs) => outputs,
-                    Err(e) => {
-                        // A bad record: its key was not seen (its changelog record never goes).
-                        self.seen.withdraw(&tp, &window, &key);
-                        return Err(e.into());
+                match self.output(input, &window) {
+                    Ok(outputs) => {
+                        self.pending.extend(change.map(|c| (input.partition, c)));
+                        Ok(outputs)
                     }
-                };
-                if let Some(change) = change {
-                    outputs.insert(0, self.record(input.partition, &change));
+                    Err(e) => {
+                        // A bad record: its key was not seen.
+                        self.seen.withdraw(&tp, &window, &key);
+                        Err(e.into())
+                    }
                 }
-                Ok(outputs)
             }
         }
     }
@@ -275,6 +423,10 @@ impl Transform for Dedup {
     }
 
     fn revoked(&mut self, partitions: &[Tp]) {
+        // Their last unit is settled: the marks move past it, for whoever restores them here.
+        let mut batch = Batch::default();
+        self.checkpoint(&mut batch, Some(partitions));
+        self.write(&batch);
         for tp in partitions {
             self.seen.revoked(tp);
             self.owned.remove(tp);
@@ -288,11 +440,36 @@ impl Transform for Dedup {
 
     fn committed(&mut self) {
         self.seen.committed();
+        self.sent = 0;
+        if self.store.is_none() {
+            self.pending.clear();
+            self.gauges();
+            return;
+        }
+        let mut batch = Batch::default();
+        let mut touched = BTreeSet::new();
+        for (p, change) in self.pending.drain(..) {
+            touched.insert(p);
+            match change {
+                Change::Key { window, key } => batch.keys.push((p, window, key)),
+                Change::StreamTime(t) => batch.stream_times.push((p, t)),
+            }
+        }
+        for tp in self.owned.iter().filter(|tp| touched.contains(&tp.1)) {
+            batch.expire.extend(self.expire(tp));
+        }
+        self.behind.extend(touched);
+        if self.checkpointed.elapsed() >= CHECKPOINT {
+            self.checkpoint(&mut batch, None);
+        }
+        self.write(&batch);
         self.gauges();
     }
 
     fn dropped(&mut self, known: bool) {
         self.seen.aborted();
+        self.pending.clear();
+        self.sent = 0;
         if !known {
             // The open unit's changes may have committed: only the changelogs can tell.
             warn!("a commit's outcome is unknown: the dedup state is read back from its changelog");
@@ -307,9 +484,14 @@ impl Transform for Dedup {
     }
 
     fn before_commit(&mut self) -> Vec<OutputRecord<'static>> {
-        (self.seen.stream_times().iter())
-            .map(|(tp, change)| self.record(tp.1, change))
-            .collect()
+        let times = self.seen.stream_times();
+        self.pending
+            .extend(times.into_iter().map(|(tp, change)| (tp.1, change)));
+        let out = (self.pending[self.sent..].iter())
+            .map(|(p, change)| self.record(*p, change))
+            .collect();
+        self.sent = self.pending.len();
+        out
     }
 }
 
@@ -345,61 +527,84 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::state::restore::{Each, Read};
+    use crate::state::store::Redb;
     use crate::state::window::{Size, Windows};
 
     const HOUR: i64 = 3_600_000;
 
-    /// A changelog: what committed units wrote to it, by partition.
+    /// A changelog: what committed units wrote to it, by partition; and how many records
+    /// restores read.
     #[derive(Clone, Default)]
-    struct Log(Arc<Mutex<Vec<Entry>>>);
+    struct Log(Arc<Mutex<(Vec<Entry>, u64)>>);
 
     /// A changelog record: partition, key, value.
     type Entry = (i32, Vec<u8>, Vec<u8>);
+
+    impl Log {
+        fn read_so_far(&self) -> u64 {
+            self.0.lock().unwrap().1
+        }
+    }
 
     impl Changelog for Log {
         fn read(
             &mut self,
             partition: i32,
-            each: &mut crate::state::restore::Each<'_>,
-        ) -> Result<u64, String> {
-            let log = self.0.lock().unwrap();
-            let mine: Vec<_> = log.iter().filter(|(p, _, _)| *p == partition).collect();
-            for (_, k, v) in &mine {
+            from: Option<i64>,
+            each: &mut Each<'_>,
+        ) -> Result<Read, Unread> {
+            let mut log = self.0.lock().unwrap();
+            let mine: Vec<_> = (log.0.iter())
+                .filter(|(p, _, _)| *p == partition)
+                .cloned()
+                .collect();
+            let from = from.unwrap_or(0);
+            if from as usize > mine.len() {
+                return Err(Unread::OutOfRange(format!("{from} past {}", mine.len())));
+            }
+            for (_, k, v) in &mine[from as usize..] {
                 each(Some(k), Some(v));
             }
-            Ok(mine.len() as u64)
+            let records = (mine.len() - from as usize) as u64;
+            log.1 += records;
+            Ok(Read {
+                records,
+                end: mine.len() as i64,
+            })
+        }
+
+        fn end(&mut self, partition: i32) -> Result<i64, String> {
+            let log = self.0.lock().unwrap();
+            Ok(log.0.iter().filter(|(p, _, _)| *p == partition).count() as i64)
         }
     }
 
-    fn dedup(log: &Log, late: Late) -> Dedup {
-        let config = DedupConfig {
+    fn config(late: Late) -> DedupConfig {
+        DedupConfig {
             windows: Windows::new(Size::Days(1), jiff::tz::TimeZone::UTC, Duration::ZERO),
             key: None,
             time: None,
             late,
             changelog: "cl".into(),
             retention: Duration::from_secs(86_400),
-        };
-        let mut d = Dedup::new(
-            &config,
-            None,
-            None,
-            None,
-            Box::new(log.clone()),
-            Metrics::new(),
-        );
+            state_dir: None,
+        }
+    }
+
+    fn dedup_with(log: &Log, late: Late, store: Option<Box<dyn Store>>) -> Dedup {
+        let (source, metrics) = (Box::new(log.clone()), Metrics::new());
+        let mut d = Dedup::new(&config(late), [None, None, None], source, store, metrics);
         d.assigned(&[("in".into(), 0)]);
         d
     }
 
-    /// The outputs of a record of key `key` at `t`, with the changelog's apart: (outputs to
-    /// the output topic, changelog records).
-    fn offer(
-        d: &mut Dedup,
-        key: &str,
-        t: i64,
-    ) -> Result<(usize, Vec<OutputRecord<'static>>), Failure> {
-        let input = InputRecord {
+    fn dedup(log: &Log, late: Late) -> Dedup {
+        dedup_with(log, late, None)
+    }
+
+    fn input(key: &'static str, t: i64) -> InputRecord<'static> {
+        InputRecord {
             topic: "in",
             partition: 0,
             offset: 0,
@@ -407,98 +612,78 @@ mod tests {
             key: Some(key.as_bytes()),
             value: Some(b"{}"),
             headers: Vec::new(),
-        };
-        let outs = d.apply(&input)?;
-        let (cl, out): (Vec<_>, Vec<_>) = outs.into_iter().partition(|o| o.topic.is_some());
-        let cl = cl.into_iter().map(owned).collect();
-        Ok((out.len(), cl))
-    }
-
-    fn owned(o: OutputRecord<'_>) -> OutputRecord<'static> {
-        OutputRecord {
-            topic: o.topic,
-            partition: o.partition,
-            key: o.key.map(|k| Cow::Owned(k.into_owned())),
-            value: o.value.map(|v| Cow::Owned(v.into_owned())),
-            headers: o.headers,
         }
     }
 
-    /// The unit committed: its changelog records are in the log.
-    fn commit(d: &mut Dedup, log: &Log, mut written: Vec<OutputRecord<'static>>) {
-        written.extend(d.before_commit());
+    /// How many outputs a record of key `key` at `t` makes.
+    fn offer(d: &mut Dedup, key: &'static str, t: i64) -> Result<usize, Failure> {
+        Ok(d.apply(&input(key, t))?.len())
+    }
+
+    /// The unit commits: what it writes before goes to the log.
+    fn commit(d: &mut Dedup, log: &Log) -> usize {
+        let written = commit_only_in_the_log(d, log);
+        d.committed();
+        written
+    }
+
+    /// The unit's records reach the changelog (the commit took effect), nothing more.
+    fn commit_only_in_the_log(d: &mut Dedup, log: &Log) -> usize {
+        let written = d.before_commit();
+        let n = written.len();
         let mut l = log.0.lock().unwrap();
         for o in written {
             assert_eq!(o.topic.as_deref(), Some("cl"));
             let p = o.partition.expect("a changelog record names its partition");
-            l.push((
+            l.0.push((
                 p,
                 o.key.unwrap().into_owned(),
                 o.value.unwrap().into_owned(),
             ));
         }
-        drop(l);
-        d.committed();
+        n
     }
 
     #[test]
     fn the_first_of_a_key_per_day_goes_on_once_across_aborts_and_restarts() {
         let log = Log::default();
         let mut d = dedup(&log, Late::Dlq);
-        let mut unit = Vec::new();
-        let (n, cl) = offer(&mut d, "dev-1", HOUR).unwrap();
         assert_eq!(
-            (n, cl.len()),
-            (1, 1),
-            "the first: its output and one changelog record"
+            offer(&mut d, "dev-1", HOUR).unwrap(),
+            1,
+            "the first goes on"
         );
-        unit.extend(cl);
-        let (n, cl) = offer(&mut d, "dev-1", 2 * HOUR).unwrap();
-        assert_eq!((n, cl.len()), (0, 0), "a duplicate writes nothing");
-        commit(&mut d, &log, unit);
         assert_eq!(
-            log.0.lock().unwrap().len(),
-            2,
-            "the key, then the stream time"
+            offer(&mut d, "dev-1", 2 * HOUR).unwrap(),
+            0,
+            "a duplicate does not"
         );
+        assert_eq!(commit(&mut d, &log), 2, "the key, then the stream time");
 
         // An aborted unit's decisions are forgotten: the replay decides the same.
-        assert_eq!(offer(&mut d, "dev-2", 3 * HOUR).unwrap().0, 1);
+        assert_eq!(offer(&mut d, "dev-2", 3 * HOUR).unwrap(), 1);
         d.dropped(true);
-        let (n, cl) = offer(&mut d, "dev-2", 3 * HOUR).unwrap();
-        assert_eq!(n, 1);
-        commit(&mut d, &log, cl);
+        assert_eq!(offer(&mut d, "dev-2", 3 * HOUR).unwrap(), 1);
+        commit(&mut d, &log);
 
         // A restart restores what committed, and only that.
         let mut again = dedup(&log, Late::Dlq);
-        assert_eq!(offer(&mut again, "dev-1", 4 * HOUR).unwrap().0, 0);
-        assert_eq!(offer(&mut again, "dev-2", 4 * HOUR).unwrap().0, 0);
-        assert_eq!(offer(&mut again, "dev-3", 4 * HOUR).unwrap().0, 1);
+        assert_eq!(offer(&mut again, "dev-1", 4 * HOUR).unwrap(), 0);
+        assert_eq!(offer(&mut again, "dev-2", 4 * HOUR).unwrap(), 0);
+        assert_eq!(offer(&mut again, "dev-3", 4 * HOUR).unwrap(), 1);
         // The next day is a window of its own.
-        assert_eq!(offer(&mut again, "dev-1", 25 * HOUR).unwrap().0, 1);
+        assert_eq!(offer(&mut again, "dev-1", 25 * HOUR).unwrap(), 1);
     }
 
     #[test]
     fn an_unknown_outcome_reads_the_state_back_from_the_changelog() {
         let log = Log::default();
         let mut d = dedup(&log, Late::Dlq);
-        let (_, cl) = offer(&mut d, "dev-1", HOUR).unwrap();
+        offer(&mut d, "dev-1", HOUR).unwrap();
         // The commit took effect, but nobody can tell: the changelog has it.
-        commit_only_in_the_log(&mut d, &log, cl);
+        commit_only_in_the_log(&mut d, &log);
         d.dropped(false);
-        assert_eq!(offer(&mut d, "dev-1", 2 * HOUR).unwrap().0, 0, "read back");
-    }
-
-    fn commit_only_in_the_log(d: &mut Dedup, log: &Log, mut written: Vec<OutputRecord<'static>>) {
-        written.extend(d.before_commit());
-        let mut l = log.0.lock().unwrap();
-        for o in written {
-            l.push((
-                0,
-                o.key.unwrap().into_owned(),
-                o.value.unwrap().into_owned(),
-            ));
-        }
+        assert_eq!(offer(&mut d, "dev-1", 2 * HOUR).unwrap(), 0, "read back");
     }
 
     #[test]
@@ -511,15 +696,17 @@ mod tests {
             let log = Log::default();
             let mut d = dedup(&log, late);
             offer(&mut d, "a", 25 * HOUR).unwrap(); // day 0 closed (no grace)
-            let got = offer(&mut d, "b", HOUR);
-            match (want, got) {
+            commit(&mut d, &log);
+            match (want, offer(&mut d, "b", HOUR)) {
                 (None, Err(Failure::BadRecord(e))) => assert_eq!(e.reason, Reason::Late),
-                (Some(n), Ok((out, cl))) => {
-                    assert_eq!(out, n, "{late:?}");
-                    assert!(cl.is_empty(), "a late record is never remembered");
-                }
+                (Some(n), Ok(out)) => assert_eq!(out, n, "{late:?}"),
                 (want, got) => panic!("{late:?}: wanted {want:?}, got {got:?}"),
             }
+            assert_eq!(
+                commit(&mut d, &log),
+                0,
+                "{late:?}: a late record is never remembered"
+            );
         }
     }
 
@@ -533,43 +720,92 @@ mod tests {
         };
         let program = r#"if .bad then error("bad") else {window: $window} end"#;
         d.then = Some(Jq::compile(program, false, limits).unwrap());
-        let record = |value: &'static [u8]| InputRecord {
-            topic: "in",
-            partition: 0,
-            offset: 0,
-            timestamp: Some(HOUR),
-            key: Some(b"a"),
-            value: Some(value),
-            headers: Vec::new(),
-        };
-        assert!(matches!(
-            d.apply(&record(br#"{"bad":true}"#)),
-            Err(Failure::BadRecord(_))
-        ));
-        let outs = d.apply(&record(b"{}")).unwrap();
-        assert_eq!(outs.len(), 2, "the first of its key after all: {outs:?}");
+        let mut bad = input("a", HOUR);
+        bad.value = Some(br#"{"bad":true}"#);
+        assert!(matches!(d.apply(&bad), Err(Failure::BadRecord(_))));
+        let outs = d.apply(&input("a", HOUR)).unwrap();
+        assert_eq!(outs.len(), 1, "the first of its key after all: {outs:?}");
         assert_eq!(
-            outs[1].value.as_deref(),
+            outs[0].value.as_deref(),
             Some(&br#"{"window":"1970-01-01"}"#[..])
         );
+        assert_eq!(commit(&mut d, &log), 2, "one key, one stream time");
     }
 
     #[test]
     fn a_record_without_a_key_or_time_is_a_bad_record() {
         let log = Log::default();
         let mut d = dedup(&log, Late::Dlq);
-        let input = InputRecord {
-            topic: "in",
-            partition: 0,
-            offset: 0,
-            timestamp: Some(HOUR),
-            key: None,
-            value: Some(b"{}"),
-            headers: Vec::new(),
-        };
-        match d.apply(&input) {
+        let mut no_key = input("a", HOUR);
+        no_key.key = None;
+        match d.apply(&no_key) {
             Err(Failure::BadRecord(e)) => assert_eq!(e.reason, Reason::DedupInput),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_restart_with_the_local_store_reads_only_the_changelog_after_its_mark() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cl.redb");
+        let log = Log::default();
+        let store = || Some(Box::new(Redb::open(&path).unwrap()) as Box<dyn Store>);
+        let mut d = dedup_with(&log, Late::Dlq, store());
+        for key in ["a", "b", "c"] {
+            offer(&mut d, key, HOUR).unwrap();
+        }
+        commit(&mut d, &log);
+        // Revoked: its mark moves to the changelog's end.
+        d.revoked(&[("in".into(), 0)]);
+        drop(d);
+        // Written after the store's last write (by another owner, or before a crash).
+        let mut other = dedup(&log, Late::Dlq);
+        offer(&mut other, "d", 2 * HOUR).unwrap();
+        commit(&mut other, &log);
+        let before = log.read_so_far();
+        let mut again = dedup_with(&log, Late::Dlq, store());
+        assert_eq!(
+            log.read_so_far() - before,
+            2,
+            "the delta only: d and its stream time"
+        );
+        for (key, want) in [("a", 0), ("b", 0), ("d", 0), ("e", 1)] {
+            assert_eq!(offer(&mut again, key, 3 * HOUR).unwrap(), want, "{key}");
+        }
+    }
+
+    #[test]
+    fn a_store_mark_the_changelog_does_not_hold_reads_it_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cl.redb");
+        let mut store = Redb::open(&path).unwrap();
+        let marks = Batch {
+            marks: vec![(0, 99)],
+            keys: vec![(
+                0,
+                Window {
+                    start: 0,
+                    end: 86_400_000,
+                },
+                (*b"ghost").into(),
+            )],
+            ..Batch::default()
+        };
+        store.write(&marks).unwrap();
+        let log = Log::default();
+        let mut d = dedup(&log, Late::Dlq);
+        offer(&mut d, "a", HOUR).unwrap();
+        commit(&mut d, &log);
+        let mut again = dedup_with(&log, Late::Dlq, Some(Box::new(store)));
+        assert_eq!(
+            offer(&mut again, "a", 2 * HOUR).unwrap(),
+            0,
+            "read from the beginning"
+        );
+        assert_eq!(
+            offer(&mut again, "ghost", 2 * HOUR).unwrap(),
+            1,
+            "the store was wiped"
+        );
     }
 }

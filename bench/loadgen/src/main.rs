@@ -38,6 +38,21 @@ enum Cmd {
         #[arg(long)]
         size: usize,
     },
+    /// Write `count` app start-up events of about `size` bytes (the seed's daily active users),
+    /// keyed by device, `devices` devices over `days` days in time order, from midnight UTC
+    /// `days` days ago (recent: older records are the broker's to delete by retention).
+    Startups {
+        #[arg(long)]
+        topic: String,
+        #[arg(long)]
+        count: u64,
+        #[arg(long)]
+        devices: u64,
+        #[arg(long, default_value_t = 3)]
+        days: u64,
+        #[arg(long, default_value_t = 200)]
+        size: usize,
+    },
     /// Write records at `rate` per second for `seconds`, open loop (the schedule never waits
     /// for the system under test).
     Generate {
@@ -154,6 +169,51 @@ fn preload(bootstrap: &str, topic: &str, count: u64, size: usize) {
     println!(
         "{}",
         json!({"records": count, "bytes_per_record": record(0, size).len(), "seconds": secs})
+    );
+}
+
+fn startups(bootstrap: &str, topic: &str, count: u64, devices: u64, days: u64, size: usize) {
+    const DAY: u64 = 86_400_000;
+    let start = (now_us() / 1000 / DAY - days) * DAY;
+    let p = producer(bootstrap);
+    let started = Instant::now();
+    let span = days * 86_400_000;
+    let mut bytes = 0;
+    for seq in 0..count {
+        // A device per record, spread (a multiplier coprime with most counts), in time order.
+        let device = seq.wrapping_mul(2_654_435_761) % devices;
+        let ts = start + seq * span / count;
+        let head = format!(
+            r#"{{"device_id":"dev-{device}","ts":{ts},"event":"app_start","app":"4.2.{}","os":"android","pad":""#,
+            seq % 7
+        );
+        let pad = size.saturating_sub(head.len() + 2).max(1);
+        let mut v = Vec::with_capacity(size);
+        v.extend_from_slice(head.as_bytes());
+        v.extend(std::iter::repeat_n(b'x', pad));
+        v.extend_from_slice(b"\"}");
+        bytes = v.len();
+        let key = format!("dev-{device}");
+        let mut rec = BaseRecord::to(topic)
+            .key(key.as_bytes())
+            .payload(&v)
+            .timestamp(ts as i64);
+        loop {
+            match p.send(rec) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    rec = r;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err((e, _)) => panic!("produce: {e}"),
+            }
+        }
+    }
+    p.flush(Duration::from_secs(300)).expect("flush");
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "{}",
+        json!({"records": count, "devices": devices, "days": days, "bytes_per_record": bytes, "seconds": secs})
     );
 }
 
@@ -378,6 +438,13 @@ fn main() {
     let b = &cli.bootstrap;
     match cli.command {
         Cmd::Preload { topic, count, size } => preload(b, &topic, count, size),
+        Cmd::Startups {
+            topic,
+            count,
+            devices,
+            days,
+            size,
+        } => startups(b, &topic, count, devices, days, size),
         Cmd::Generate {
             topic,
             rate,

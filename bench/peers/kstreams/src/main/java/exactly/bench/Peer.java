@@ -14,6 +14,11 @@ import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.kstream.KStream;
 import org.apache.kafka.streams.kstream.Produced;
+import org.apache.kafka.streams.processor.api.Processor;
+import org.apache.kafka.streams.processor.api.ProcessorContext;
+import org.apache.kafka.streams.processor.api.Record;
+import org.apache.kafka.streams.state.KeyValueStore;
+import org.apache.kafka.streams.state.Stores;
 
 /**
  * The benchmark's Kafka Streams peer: input to output through the same transforms as exactly.
@@ -24,7 +29,10 @@ import org.apache.kafka.streams.kstream.Produced;
  * exactly's jq program `.dt = (.ts / 1000 | todate) | .hr = (.ts / 3600000 | floor % 24) |
  * del(.drop)` does), and producer is shared (the default: the producer settings come from the
  * environment as exactly's do, so both systems run with the same ones) or own (Kafka Streams'
- * own producer defaults, to report against its best).
+ * own producer defaults, to report against its best). Transform dedup is exactly's
+ * `--dedup-window 1d` on the record timestamp and the Kafka key: the first record of each (UTC
+ * day, key) goes on, through a persistent (RocksDB) key-value store with its changelog, the way
+ * Kafka Streams users write it (it has no dedup operator: KIP-655).
  */
 public final class Peer {
   private static final ObjectMapper JSON = new ObjectMapper();
@@ -45,12 +53,35 @@ public final class Peer {
     }
   }
 
+  /** The first record of each (UTC day, key): a RocksDB store of the (day, key) seen. */
+  static final class FirstPerDay implements Processor<byte[], byte[], byte[], byte[]> {
+    private ProcessorContext<byte[], byte[]> context;
+    private KeyValueStore<byte[], byte[]> seen;
+
+    @Override
+    public void init(ProcessorContext<byte[], byte[]> context) {
+      this.context = context;
+      this.seen = context.getStateStore("seen");
+    }
+
+    @Override
+    public void process(Record<byte[], byte[]> r) {
+      byte[] key = r.key() == null ? new byte[0] : r.key();
+      long day = Math.floorDiv(r.timestamp(), 86_400_000L);
+      byte[] k = java.nio.ByteBuffer.allocate(8 + key.length).putLong(day).put(key).array();
+      if (seen.get(k) == null) {
+        seen.put(k, new byte[] {1});
+        context.forward(r);
+      }
+    }
+  }
+
   public static void main(String[] args) throws Exception {
     boolean shared = args.length == 7 || (args.length == 8 && args[7].equals("shared"));
     if (!shared && !(args.length == 8 && args[7].equals("own"))) {
       System.err.println(
           "usage: Peer bootstrap input output application-id guarantee commit-interval-ms"
-              + " passthrough|enrich [shared|own]");
+              + " passthrough|enrich|dedup [shared|own]");
       System.exit(2);
     }
     Properties p = new Properties();
@@ -75,7 +106,15 @@ public final class Peer {
     StreamsBuilder b = new StreamsBuilder();
     KStream<byte[], byte[]> in =
         b.stream(args[1], Consumed.with(Serdes.ByteArray(), Serdes.ByteArray()));
-    KStream<byte[], byte[]> out = args[6].equals("enrich") ? in.mapValues(Peer::enrich) : in;
+    KStream<byte[], byte[]> out;
+    if (args[6].equals("dedup")) {
+      b.addStateStore(
+          Stores.keyValueStoreBuilder(
+              Stores.persistentKeyValueStore("seen"), Serdes.ByteArray(), Serdes.ByteArray()));
+      out = in.process(FirstPerDay::new, "seen");
+    } else {
+      out = args[6].equals("enrich") ? in.mapValues(Peer::enrich) : in;
+    }
     out.to(args[2], Produced.with(Serdes.ByteArray(), Serdes.ByteArray()));
 
     KafkaStreams streams = new KafkaStreams(b.build(), p);
