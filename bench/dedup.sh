@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The dedup (--dedup-window 1d, issue 24): the seed's daily-active-users job on ~200 B app
-# start-up events keyed by device over 3 days. Drains the preloaded input exactly-once and
-# reports records/s, CPU s per million, peak RSS with every key of the 3 days held (a 3-day
-# grace keeps all windows open), then restarts on the same group and reports how long the
-# restore of every partition's changelog takes.
+# The dedup (issue 24): the seed's daily-active-users job on ~200 B app start-up events keyed
+# by device over 3 days, exactly-once, side by side with Kafka Streams doing the same (a
+# RocksDB store with its changelog, exactly_once_v2, commit 100 ms; bench/peers/kstreams).
+# Every system drains the same preloaded input with a 3-day grace, so every key of the 3
+# days is held at the end (~1M with the defaults). Then exactly restarts on its group and
+# reports how long the restore of every partition takes: memory only (the whole changelog)
+# and with --state-dir (the local store, after a clean stop).
 #
-#   bench/dedup.sh [events] [devices]        (default 2,000,000 events, 333,334 devices:
-#                                             ~1M (day, device) keys)
+#   bench/dedup.sh [events] [devices]     (default 2,000,000 events, 333,334 devices)
+#
+# One JSON object per system on stdout (output_end_offsets counts the transaction markers too).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 repo=$PWD
@@ -16,49 +19,86 @@ devices=${2:-333334}
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 cargo build -q --release -p exactly
+mvn -q -B -f bench/peers/kstreams/pom.xml package -DskipTests
 exactly=$repo/target/release/exactly
+peer_cp="$repo/bench/peers/kstreams/target/classes:$repo/bench/peers/kstreams/target/lib/*"
+state=$(mktemp -d)
+trap 'scripts/kafka.sh stop >&2 || true; rm -rf "$state"' EXIT
 
 topic starts
-topic dau
-topic dau.dlq
 "${loadgen[@]}" startups --topic starts --count "$count" --devices "$devices" --days 3 >&2
-args=(run --bootstrap-servers "$bootstrap" --input-topics starts --output-topic dau
-  --group-id dau --instance-id dau-0 --log-format json --http-addr off
-  --producer-config linger.ms=5 --producer-config batch.size=262144
-  --dedup-window 1d --dedup-grace 3d)
-log=$EXACTLY_KAFKA_DIR/dedup.log
-"$exactly" "${args[@]}" 2>"$log" &
-pid=$!
-drain=$("${loadgen[@]}" drain --topic starts --group dau --pid "$pid")
-kill -TERM "$pid"; wait "$pid" || true
-outputs=$(scripts/kafka.sh tool org.apache.kafka.tools.GetOffsetShell --bootstrap-server "$bootstrap" \
-  --topic dau | awk -F: '{s+=$3} END {print s}')
 
-# The restart: every partition read back from its changelog.
-started=$(date +%s.%N)
-"$exactly" "${args[@]}" 2>"$log.restart" &
-pid=$!
-for _ in $(seq 1 600); do
-  [ "$(grep -c 'dedup state restored' "$log.restart" || true)" -ge 6 ] && break
-  sleep 0.1
-done
-restored=$(date +%s.%N)
-rss_kb=$(awk '/VmHWM/ {print $2}' "/proc/$pid/status")
-kill -TERM "$pid"; wait "$pid" || true
-python3 - "$drain" "$outputs" "$started" "$restored" "$rss_kb" "$log.restart" <<'EOF'
+exactly_args() { # group output [extra…]
+  local group=$1 output=$2
+  shift 2
+  echo run --bootstrap-servers "$bootstrap" --input-topics starts --output-topic "$output" \
+    --group-id "$group" --instance-id "$group-0" --log-format json --http-addr off \
+    --producer-config linger.ms=5 --producer-config batch.size=262144 \
+    --dedup-window 1d --dedup-grace 3d "$@"
+}
+
+# The restore of every partition (6) after a restart: seconds from start to the last one.
+restore() { # log args…
+  local log=$1
+  shift
+  local started
+  started=$(date +%s.%N)
+  "$exactly" "$@" 2>"$log" &
+  local pid=$!
+  for _ in $(seq 1 1200); do
+    [ "$(grep -c 'dedup state restored' "$log" || true)" -ge 6 ] && break
+    sleep 0.05
+  done
+  local done_at rss
+  done_at=$(date +%s.%N)
+  rss=$(awk '/VmHWM/ {print $2}' "/proc/$pid/status")
+  kill -TERM "$pid"; wait "$pid" || true
+  python3 - "$started" "$done_at" "$rss" "$log" <<'EOF'
 import json, sys
-drain, outputs, started, restored, rss_kb, log = sys.argv[1:]
-d = json.loads(drain)
-records = sum(json.loads(l).get("records", 0) for l in open(log) if "dedup state restored" in l)
-took = [json.loads(l).get("took") for l in open(log) if "dedup state restored" in l]
-print(json.dumps({
-    "events": d.get("records"), "outputs": int(outputs),
-    "records_per_second": round(d["records_per_second"]),
-    "cpu_seconds_per_million": round(d["cpu_seconds_per_million"], 2),
-    "peak_rss_mb": d["peak_rss_kb"] // 1024,
-    "restore_changelog_records": records,
-    "restore_seconds_wall": round(float(restored) - float(started), 2),
-    "restore_took_per_partition": took,
-    "restart_peak_rss_mb": int(rss_kb) // 1024,
-}))
+started, done, rss, log = sys.argv[1:]
+lines = [json.loads(l) for l in open(log) if "dedup state restored" in l]
+print(json.dumps({"restore_seconds": round(float(done) - float(started), 2),
+                  "changelog_records": sum(l["records"] for l in lines),
+                  "stored_keys": sum(l.get("stored", 0) for l in lines),
+                  "peak_rss_mb": int(rss) // 1024}))
 EOF
+}
+
+drain() { # system group output pid
+  local result
+  result=$("${loadgen[@]}" drain --topic starts --group "$2" --pid "$4")
+  kill -TERM "$4"; wait "$4" || true
+  local outputs
+  outputs=$(scripts/kafka.sh tool org.apache.kafka.tools.GetOffsetShell --bootstrap-server \
+    "$bootstrap" --topic "$3" | awk -F: '{s+=$3} END {print s}')
+  python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print(json.dumps({"system": sys.argv[2],
+    "output_end_offsets": int(sys.argv[3]), "records_per_second": round(r["records_per_second"]),
+    "cpu_seconds_per_million": round(r["cpu_seconds_per_million"], 2),
+    "peak_rss_mb": r["peak_rss_kb"] // 1024}))' "$result" "$1" "$outputs"
+}
+
+# SYSTEMS="exactly-store" bench/dedup.sh: some of them only (the restarts need both exactly's).
+for system in ${SYSTEMS:-exactly exactly-store kstreams}; do
+  topic "dau-$system"
+  topic "dau-$system.dlq"
+  case "$system" in
+    exactly)
+      read -ra a <<<"$(exactly_args "dau-$system" "dau-$system")"
+      "$exactly" "${a[@]}" 2>"$EXACTLY_KAFKA_DIR/$system.log" & ;;
+    exactly-store)
+      read -ra a <<<"$(exactly_args "dau-$system" "dau-$system" --state-dir "$state")"
+      "$exactly" "${a[@]}" 2>"$EXACTLY_KAFKA_DIR/$system.log" & ;;
+    kstreams)
+      BENCH_LINGER_MS=5 BENCH_BATCH_SIZE=262144 BENCH_COMPRESSION=none \
+        java -Xmx1g -cp "$peer_cp" exactly.bench.Peer "$bootstrap" starts "dau-$system" \
+        "dau-$system" exactly_once_v2 100 dedup shared 2>"$EXACTLY_KAFKA_DIR/$system.log" & ;;
+  esac
+  drain "$system" "dau-$system" "dau-$system" $!
+done
+
+if [[ " ${SYSTEMS:-exactly} " == *" exactly "* ]]; then
+  read -ra a <<<"$(exactly_args dau-exactly dau-exactly)"
+  echo "{\"restart\": \"memory only\", \"restore\": $(restore "$EXACTLY_KAFKA_DIR/restart.log" "${a[@]}")}"
+fi
+read -ra a <<<"$(exactly_args dau-exactly-store dau-exactly-store --state-dir "$state")"
+echo "{\"restart\": \"--state-dir\", \"restore\": $(restore "$EXACTLY_KAFKA_DIR/restart-store.log" "${a[@]}")}"

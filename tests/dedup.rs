@@ -317,7 +317,10 @@ fn a_restart_with_its_local_store_reads_only_the_changelog_after_the_store() {
             from_store += v["stored"].as_u64().unwrap();
         }
     }
-    assert!(from_store >= 200, "the store held the first half's keys: {from_store}");
+    assert!(
+        from_store >= 200,
+        "the store held the first half's keys: {from_store}"
+    );
     assert!(
         from_changelog < 40,
         "only what came after the store's mark: {from_changelog} records"
@@ -325,6 +328,21 @@ fn a_restart_with_its_local_store_reads_only_the_changelog_after_the_store() {
     produce(&topics.input, &rest[20..]);
     wait_all_committed(&group, &topics.input, Duration::from_secs(120));
     again.stop_cleanly();
+    // After a clean stop the store's marks are at the changelog's end: nothing comes again.
+    let mut third = Exactly::start(&a);
+    third.wait_log("restored", Duration::from_secs(60), |ex| {
+        ex.log_text().matches("dedup state restored").count() >= 2
+    });
+    let again_read: u64 = (third.log_lines().iter())
+        .filter(|l| l.contains("dedup state restored"))
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["records"]
+                .as_u64()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(again_read, 0, "{}", third.log_text());
+    third.stop_cleanly();
     let _ = std::fs::remove_dir_all(&dir);
 
     let got: Vec<(i32, i64)> = read_all(&topics.output, "read_committed")

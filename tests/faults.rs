@@ -82,7 +82,11 @@ fn record(i: usize, hostile: bool) -> In {
     let mut r = match i % 100 {
         37 => In::raw(p, &key, format!("not json {i}").as_bytes()),
         73 => In::json(p, &key, json!({"seq": i, "n": "x"})),
-        _ => In::json(p, &key, json!({"seq": i, "n": i, "fan": i.is_multiple_of(10)})),
+        _ => In::json(
+            p,
+            &key,
+            json!({"seq": i, "n": i, "fan": i.is_multiple_of(10)}),
+        ),
     };
     if hostile && rejected(i) {
         // Ten days ahead: the output topic takes a day at most, the broker rejects it.

@@ -235,7 +235,13 @@ impl Session {
         }
         // Nothing resolves an unknown outcome of the final commit any more.
         self.writer.driver.forget_unresolved();
-        self.hand_over_settled();
+        // The instance gives every partition up: the transform hears it now, after the last
+        // settle (the consumer's close revokes them after the loop's last turn).
+        self.hand_over_changes();
+        let owned: Vec<Tp> = std::mem::take(&mut self.owned).into_iter().collect();
+        if !owned.is_empty() {
+            self.intake.hear(&Change::Revoked(owned));
+        }
         Ok(())
     }
 

@@ -630,6 +630,20 @@ fn the_transform_hears_how_each_unit_ended_before_it_applies_more() {
     assert_eq!(core.broker().lineages("out"), lineages(&all));
 }
 
+/// At shutdown the transform hears, after how the final unit ended, that it gives its
+/// partitions up (a stateful one checkpoints them then): the loop has no turn after the
+/// consumer's close.
+#[test]
+fn shutdown_revokes_every_partition_after_the_final_settle() {
+    let heard = Heard::default();
+    let mut core = Core::transformed(Box::new(heard.clone()), every(100));
+    core.broker().fill(("in", 0), 0, 2, &[]);
+    core.assign(("in", 0), 0);
+    core.run(5);
+    core.finish();
+    assert_eq!(story(&heard), ["2 applied", "committed", "revoked"]);
+}
+
 #[test]
 fn a_final_commit_whose_outcome_is_unknown_is_heard_as_unknown() {
     let heard = Heard::default();
@@ -639,7 +653,7 @@ fn a_final_commit_whose_outcome_is_unknown_is_heard_as_unknown() {
     core.run(5);
     core.broker().commit_unknown = 1;
     core.finish();
-    assert_eq!(story(&heard), ["2 applied", "unknown"]);
+    assert_eq!(story(&heard), ["2 applied", "unknown", "revoked"]);
 }
 
 /// Passthrough that writes, before each commit, one record of its own to `state` (as the dedup

@@ -81,10 +81,17 @@ pub struct Redb {
     db: Database,
 }
 
+/// redb's page cache (its default is 1 GiB): the keys a decision reads are in memory anyway
+/// (`Seen`), the store is read only by a restore and written at commits.
+const CACHE: usize = 16 << 20;
+
 impl Redb {
     /// Opens (or creates) the store at `path`. Another process holding it open is an error.
     pub fn open(path: &Path) -> Result<Redb, String> {
-        let db = Database::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let db = Database::builder()
+            .set_cache_size(CACHE)
+            .create(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         let w = db.begin_write().map_err(|e| e.to_string())?;
         w.open_table(KEYS).map_err(|e| e.to_string())?;
         w.open_table(MARKS).map_err(|e| e.to_string())?;
