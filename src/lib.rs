@@ -63,6 +63,8 @@
 //! - [`offsets`]: where a group's offsets are kept, one file per store (the Kafka group,
 //!   Redis, MySQL, files), and `exactly offsets show|import|export`, which moves a position
 //!   between them; the audit reads the group's committed offsets through it.
+//! - [`state_command`]: `exactly state show|import`: one key's windows in the dedup's
+//!   changelog, and the seed's Redis sets (`dau:<dt>`) loaded into it for the cut-over.
 //! - [`audit`]: `exactly audit`, which replays the transform (or the application's answers)
 //!   over a range of the input and matches every output to its input (lost, duplicated,
 //!   unexpected, order, hanging transactions).
@@ -85,6 +87,7 @@ pub mod pipeline;
 pub mod records;
 pub mod sink;
 pub mod state;
+pub mod state_command;
 pub mod telemetry;
 pub mod transform;
 

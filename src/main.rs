@@ -19,6 +19,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run(*args),
         Command::Audit(args) => exactly::audit::command(*args),
         Command::Offsets(args) => exactly::offsets::command(*args),
+        Command::State(args) => exactly::state_command::command(*args),
     };
     end(code)
 }

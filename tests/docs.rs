@@ -72,6 +72,13 @@ fn configuration_doc_matches_offsets_help() {
 }
 
 #[test]
+fn configuration_doc_matches_state_help() {
+    for sub in ["show", "import"] {
+        check_options(&format!("state {sub}"), &format!("## exactly state {sub}"));
+    }
+}
+
+#[test]
 fn metrics_doc_matches_the_registry() {
     let metrics = Metrics::new();
     let code: BTreeMap<&str, &Family> = metrics

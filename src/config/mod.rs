@@ -13,6 +13,7 @@ pub mod audit;
 pub mod dedup;
 pub mod offsets;
 pub mod run;
+pub mod state;
 pub mod transform;
 
 use std::path::PathBuf;
@@ -57,6 +58,9 @@ pub enum Command {
     /// (Redis, MySQL, files), export them back. Exit 0: done; 2: bad options or a validation
     /// error; 3: could not complete.
     Offsets(Box<offsets::OffsetsArgs>),
+    /// The dedup's state (`--dedup-window`): one key's windows, and the seed's Redis sets
+    /// loaded into its changelog. Exit 0: done; 2: bad options; 3: could not complete.
+    State(Box<state::StateArgs>),
 }
 
 /// Log line format.

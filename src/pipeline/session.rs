@@ -170,12 +170,18 @@ impl Session {
             // Another member may have committed them already: nothing tells.
             driver.forget_unresolved();
         } else {
-            if let Err(e) = before_commit(&mut self.writer, &mut self.intake) {
-                self.writer.driver.fail_later(e);
+            match before_commit(&mut self.writer, &mut self.intake) {
+                Ok(()) => {
+                    let driver = &mut self.writer.driver;
+                    driver.commit_now(group, &self.intake, Occasion::Rebalance);
+                    resolve_now(driver, group);
+                }
+                // Without what the transform must write first, the unit must not commit.
+                Err(e) => {
+                    self.writer.driver.abort_now(AbortReason::ShutdownOnError);
+                    self.writer.driver.fail_later(e);
+                }
             }
-            let driver = &mut self.writer.driver;
-            driver.commit_now(group, &self.intake, Occasion::Rebalance);
-            resolve_now(driver, group);
         }
         // Before the transform hears of the revoke, it hears how its units ended.
         self.intake.revoke(&partitions);

@@ -124,11 +124,15 @@ impl Changelog for KafkaChangelog {
             .map_err(|e| failed(&format!("its end offsets: {e}")))?;
         let done = |records| Read { records, end: high };
         let offset = match from {
-            Some(o) if o < low || o > high => {
+            // Past the end: not the changelog the store was written from (recreated).
+            Some(o) if o > high => {
                 return Err(Unread::OutOfRange(at(&format!(
-                    "offset {o} is outside [{low}, {high}]"
+                    "offset {o} is past its end {high}"
                 ))));
             }
+            // Before its start: retention deleted what is older (keys of windows long closed,
+            // which the store may hold and drop): read what is left.
+            Some(o) if o < low => Offset::Beginning,
             Some(o) if o == high => return Ok(done(0)),
             Some(o) => Offset::Offset(o),
             None if high <= low => return Ok(done(0)),

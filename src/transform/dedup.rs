@@ -30,8 +30,8 @@ use crate::state::seen::{Change, Seen, Verdict};
 use crate::state::store::{Batch, Store};
 use crate::state::window::Window;
 
-/// How often the local store's marks move to the changelog's end (one request per partition
-/// written since): a restart after a crash reads at most this much of the changelog again.
+/// How often the local store's marks move up (one request per partition written since): a
+/// restart reads at most about this much of the changelog again.
 const CHECKPOINT: Duration = Duration::from_secs(10);
 
 /// The dedup in front of the record's transform.
@@ -54,9 +54,13 @@ pub struct Dedup {
     pending: Vec<(i32, Change)>,
     /// How many of `pending` went to the changelog already.
     sent: usize,
-    /// Partitions whose store mark is behind their changelog (changes written since).
+    /// Partitions whose store mark is behind their changelog (changes stored since).
     behind: BTreeSet<i32>,
+    /// Marks taken for the open unit (`before_commit`), stored if it commits.
+    marks: Vec<(i32, i64)>,
     checkpointed: Instant,
+    /// How often marks are taken.
+    checkpoint_every: Duration,
     metrics: Metrics,
 }
 
@@ -84,7 +88,9 @@ impl Dedup {
             pending: Vec::new(),
             sent: 0,
             behind: BTreeSet::new(),
+            marks: Vec::new(),
             checkpointed: Instant::now(),
+            checkpoint_every: CHECKPOINT,
             metrics,
         }
     }
@@ -229,36 +235,31 @@ impl Dedup {
         }
     }
 
-    /// Moves the marks of the partitions written since the last checkpoint to their
-    /// changelog's end (every commit is below it: nothing of this instance's is open now).
-    fn checkpoint(&mut self, batch: &mut Batch, only: Option<&[Tp]>) {
-        if self.store.is_none() {
-            self.behind.clear();
+    /// Takes the marks of the partitions stored since the last checkpoint: their changelog's
+    /// end now, inside the open unit and before its own changes are sent. Everything below is
+    /// stored already (earlier units', and what the restore read), and nobody else can have
+    /// written there: had the partition moved, this unit's commit would be fenced (its
+    /// offsets carry the group generation) and the marks never stored. A partition whose
+    /// state is not read back yet (an unknown outcome) takes none: its restore sets it.
+    fn checkpoint(&mut self) {
+        self.marks.clear();
+        if self.store.is_none() || self.checkpointed.elapsed() < self.checkpoint_every {
             return;
         }
-        let due: Vec<i32> = match only {
-            Some(ps) => ps
-                .iter()
-                .map(|tp| tp.1)
-                .filter(|p| self.behind.contains(p))
-                .collect(),
-            None => self.behind.iter().copied().collect(),
-        };
-        for p in due {
+        self.checkpointed = Instant::now();
+        let settled: Vec<i32> = (self.owned.iter())
+            .filter(|tp| self.behind.contains(&tp.1) && !self.unrestored.contains(*tp))
+            .map(|tp| tp.1)
+            .collect();
+        for p in settled {
             match self.source.end(p) {
-                Ok(end) => {
-                    batch.marks.push((p, end));
-                    self.behind.remove(&p);
-                }
+                Ok(end) => self.marks.push((p, end)),
                 Err(e) => warn!(
                     partition = p,
                     error = e,
                     "the changelog's end is unknown; the store's mark stays"
                 ),
             }
-        }
-        if only.is_none() {
-            self.checkpointed = Instant::now();
         }
     }
 
@@ -423,14 +424,13 @@ impl Transform for Dedup {
     }
 
     fn revoked(&mut self, partitions: &[Tp]) {
-        // Their last unit is settled: the marks move past it, for whoever restores them here.
-        let mut batch = Batch::default();
-        self.checkpoint(&mut batch, Some(partitions));
-        self.write(&batch);
+        // No mark is taken now: another member may own them already (a loss, or a rebalance
+        // heard a turn late); the store keeps what it has for when they come back.
         for tp in partitions {
             self.seen.revoked(tp);
             self.owned.remove(tp);
             self.unrestored.remove(tp);
+            self.behind.remove(&tp.1);
         }
         self.metrics
             .state_restoring
@@ -458,10 +458,11 @@ impl Transform for Dedup {
         for tp in self.owned.iter().filter(|tp| touched.contains(&tp.1)) {
             batch.expire.extend(self.expire(tp));
         }
-        self.behind.extend(touched);
-        if self.checkpointed.elapsed() >= CHECKPOINT {
-            self.checkpoint(&mut batch, None);
+        for (p, end) in self.marks.drain(..) {
+            batch.marks.push((p, end));
+            self.behind.remove(&p);
         }
+        self.behind.extend(touched);
         self.write(&batch);
         self.gauges();
     }
@@ -469,8 +470,13 @@ impl Transform for Dedup {
     fn dropped(&mut self, known: bool) {
         self.seen.aborted();
         self.pending.clear();
+        self.marks.clear();
         self.sent = 0;
         if !known {
+            // No mark may pass the unit's records before the restore reads them.
+            for tp in &self.owned {
+                self.behind.remove(&tp.1);
+            }
             // The open unit's changes may have committed: only the changelogs can tell.
             warn!("a commit's outcome is unknown: the dedup state is read back from its changelog");
             self.unrestored.extend(self.owned.iter().cloned());
@@ -484,6 +490,9 @@ impl Transform for Dedup {
     }
 
     fn before_commit(&mut self) -> Vec<OutputRecord<'static>> {
+        if self.sent == 0 {
+            self.checkpoint();
+        }
         let times = self.seen.stream_times();
         self.pending
             .extend(times.into_iter().map(|(tp, change)| (tp.1, change)));
@@ -751,27 +760,58 @@ mod tests {
         let log = Log::default();
         let store = || Some(Box::new(Redb::open(&path).unwrap()) as Box<dyn Store>);
         let mut d = dedup_with(&log, Late::Dlq, store());
+        d.checkpoint_every = Duration::ZERO;
         for key in ["a", "b", "c"] {
             offer(&mut d, key, HOUR).unwrap();
         }
-        commit(&mut d, &log);
-        // Revoked: its mark moves to the changelog's end.
+        commit(&mut d, &log); // 4 records: a, b, c, the stream time
+        // The next unit's marks: the changelog's end before its own changes.
+        offer(&mut d, "x", HOUR).unwrap();
+        commit(&mut d, &log); // 1 more (its stream time did not move)
         d.revoked(&[("in".into(), 0)]);
         drop(d);
         // Written after the store's last write (by another owner, or before a crash).
         let mut other = dedup(&log, Late::Dlq);
         offer(&mut other, "d", 2 * HOUR).unwrap();
-        commit(&mut other, &log);
+        commit(&mut other, &log); // 2 more
         let before = log.read_so_far();
         let mut again = dedup_with(&log, Late::Dlq, store());
-        assert_eq!(
-            log.read_so_far() - before,
-            2,
-            "the delta only: d and its stream time"
-        );
-        for (key, want) in [("a", 0), ("b", 0), ("d", 0), ("e", 1)] {
+        let read = log.read_so_far() - before;
+        assert_eq!(read, 3, "from the mark on: x, d, d's stream time");
+        for (key, want) in [("a", 0), ("b", 0), ("x", 0), ("d", 0), ("e", 1)] {
             assert_eq!(offer(&mut again, key, 3 * HOUR).unwrap(), want, "{key}");
         }
+    }
+
+    /// An unknown outcome takes no mark past its unit before the restore read it.
+    #[test]
+    fn no_mark_passes_a_unit_whose_outcome_is_unknown() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cl.redb");
+        let log = Log::default();
+        let store = || Some(Box::new(Redb::open(&path).unwrap()) as Box<dyn Store>);
+        let mut d = dedup_with(&log, Late::Dlq, store());
+        d.checkpoint_every = Duration::ZERO;
+        offer(&mut d, "a", HOUR).unwrap();
+        commit(&mut d, &log);
+        offer(&mut d, "u", HOUR).unwrap();
+        commit_only_in_the_log(&mut d, &log); // it committed; nobody can tell
+        d.dropped(false);
+        // Another unit on another partition commits meanwhile, taking marks.
+        let other = InputRecord {
+            partition: 1,
+            ..input("z", HOUR)
+        };
+        d.assigned(&[("in".into(), 1)]);
+        d.apply(&other).unwrap();
+        commit(&mut d, &log);
+        drop(d);
+        let mut again = dedup_with(&log, Late::Dlq, store());
+        assert_eq!(
+            offer(&mut again, "u", 2 * HOUR).unwrap(),
+            0,
+            "u is read back"
+        );
     }
 
     #[test]
