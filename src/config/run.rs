@@ -944,8 +944,9 @@ mod tests {
         }
         let mut found = 0;
         walk(&Cli::command(), &mut found);
-        // run: kafka, consumer, producer; audit: kafka, consumer; offsets ×3: kafka, consumer.
-        assert_eq!(found, 11);
+        // run: kafka, consumer, producer; audit: kafka, consumer; offsets ×3: kafka, consumer;
+        // state ×2: kafka.
+        assert_eq!(found, 13);
     }
 
     #[test]
