@@ -92,6 +92,8 @@ pub struct DedupConfig {
     pub retention: Duration,
     /// The local store's directory, if any.
     pub state_dir: Option<std::path::PathBuf>,
+    /// The longest key (its changelog record within `--max-output-bytes`).
+    pub max_key: usize,
 }
 
 /// A day, the margin the changelog keeps records past their window's close.
@@ -142,6 +144,7 @@ impl DedupArgs {
                 .saturating_add(self.dedup_grace)
                 .saturating_add(MARGIN),
             state_dir: self.state_dir,
+            max_key: usize::MAX,
         }))
     }
 }

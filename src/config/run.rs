@@ -358,9 +358,27 @@ impl RunArgs {
         check_passthrough("--producer-config", &self.producer_config, PRODUCER_OWNED)?;
         let test = self.test_switches();
         let transform = self.transform.resolve(Some(self.call))?;
-        let dedup = self.dedup.resolve(&group.group_id)?;
-        if dedup.is_some() {
+        let mut dedup = self.dedup.resolve(&group.group_id)?;
+        if let Some(d) = &mut dedup {
             check_dedup(&group, &sink, &transform)?;
+            let taken = [
+                ("--output-topic", sink.output_topic.as_str()),
+                ("--dlq-topic", errors.dlq_topic.as_str()),
+            ];
+            let input = match &group.input {
+                Input::Topics(ts) => ts.first().map(String::as_str),
+                Input::Pattern(_) => None,
+            };
+            let clash = (taken.iter().copied())
+                .chain(input.map(|i| ("--input-topics", i)))
+                .find(|(_, t)| *t == d.changelog);
+            if let Some((flag, topic)) = clash {
+                return Err(Error::Config(format!(
+                    "--dedup-changelog: '{topic}' is also the {flag} topic"
+                )));
+            }
+            // A changelog record is its key plus 18 bytes (format, window start and end).
+            d.max_key = transform.max_output_bytes.saturating_sub(18);
         }
         if let TransformSpec::Call(call) = &transform.spec {
             if call.timeout >= sink.transaction_timeout {
@@ -650,6 +668,14 @@ mod tests {
             (
                 &["--dedup-window", "1d", "--call-url", "http://127.0.0.1:1"],
                 "--call-url",
+            ),
+            (
+                &["--dedup-window", "1d", "--dedup-changelog", "out"],
+                "also the --output-topic",
+            ),
+            (
+                &["--dedup-window", "1d", "--dedup-changelog", "in"],
+                "also the --input-topics",
             ),
         ] {
             let e = parse(extra).expect_err(&format!("{extra:?} should fail"));

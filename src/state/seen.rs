@@ -106,33 +106,49 @@ impl Seen {
         key: &[u8],
         t: i64,
     ) -> (Verdict, Option<Change>) {
-        let committed = self.committed.get(tp);
-        let open = self.open.entry(tp.clone()).or_default();
-        let time = open.stream_time.or(committed.and_then(|c| c.stream_time));
-        if time.is_none_or(|s| t > s) {
-            open.stream_time = Some(t);
+        let verdict = self.decide(tp, &window, key);
+        self.advance(tp, t);
+        if verdict != Verdict::First {
+            return (verdict, None);
         }
-        if time.is_some_and(|s| self.windows.closes(&window) <= s) {
-            return (Verdict::Late, None);
-        }
-        if open.contains(&window, key) || committed.is_some_and(|c| c.contains(&window, key)) {
-            return (Verdict::Duplicate, None);
-        }
-        open.insert(window, key.into());
-        let change = Change::Key {
-            window,
-            key: key.into(),
-        };
-        (Verdict::First, Some(change))
+        (Verdict::First, Some(self.remember(tp, window, key)))
     }
 
-    /// A first decision of the open unit is taken back (its record could not go on as
-    /// decided, and is a bad record): the key was not seen.
-    pub fn withdraw(&mut self, tp: &Tp, window: &Window, key: &[u8]) {
-        if let Some((_, keys)) =
-            (self.open.get_mut(tp)).and_then(|l| l.windows.get_mut(&window.start))
-        {
-            keys.remove(key);
+    /// What a record of `tp` with key `key` in `window` is, changing nothing.
+    pub fn decide(&self, tp: &Tp, window: &Window, key: &[u8]) -> Verdict {
+        let (committed, open) = (self.committed.get(tp), self.open.get(tp));
+        let time = open
+            .and_then(|o| o.stream_time)
+            .or(committed.and_then(|c| c.stream_time));
+        if time.is_some_and(|s| self.windows.closes(window) <= s) {
+            return Verdict::Late;
+        }
+        let seen = |l: Option<&Layer>| l.is_some_and(|l| l.contains(window, key));
+        if seen(open) || seen(committed) {
+            return Verdict::Duplicate;
+        }
+        Verdict::First
+    }
+
+    /// A record of `tp` at event time `t` was taken (whatever its verdict): the stream time
+    /// moves to it if it is later.
+    pub fn advance(&mut self, tp: &Tp, t: i64) {
+        let committed = self.committed.get(tp).and_then(|c| c.stream_time);
+        let open = self.open.entry(tp.clone()).or_default();
+        if open.stream_time.or(committed).is_none_or(|s| t > s) {
+            open.stream_time = Some(t);
+        }
+    }
+
+    /// `key` was first seen in `window` by the open unit: the change for the changelog.
+    pub fn remember(&mut self, tp: &Tp, window: Window, key: &[u8]) -> Change {
+        self.open
+            .entry(tp.clone())
+            .or_default()
+            .insert(window, key.into());
+        Change::Key {
+            window,
+            key: key.into(),
         }
     }
 

@@ -47,6 +47,8 @@ pub struct Dedup {
     /// The committed state on disk (`--state-dir`), if any.
     store: Option<Box<dyn Store>>,
     owned: BTreeSet<Tp>,
+    /// The longest key: its changelog record stays within --max-output-bytes.
+    max_key: usize,
     /// Owned partitions whose state is not read back yet.
     unrestored: BTreeSet<Tp>,
     /// The open unit's changes, in order (partition, change): its changelog records, and what
@@ -84,6 +86,7 @@ impl Dedup {
             source,
             store,
             owned: BTreeSet::new(),
+            max_key: config.max_key,
             unrestored: BTreeSet::new(),
             pending: Vec::new(),
             sent: 0,
@@ -373,7 +376,17 @@ impl Transform for Dedup {
         let t = self.time_of(input)?;
         let window = (self.seen.windows().of(t))
             .ok_or_else(|| bad(format!("event time {t} ms is outside years -9999 to 9999")))?;
-        let (verdict, change) = self.seen.offer(&tp, window, &key, t);
+        if key.len() > self.max_key {
+            return Err(bad(format!(
+                "a key of {} bytes: its changelog record would be over --max-output-bytes",
+                key.len()
+            ))
+            .into());
+        }
+        let verdict = self.seen.decide(&tp, &window, &key);
+        if verdict != Verdict::First {
+            self.seen.advance(&tp, t);
+        }
         match verdict {
             Verdict::Duplicate => {
                 self.verdict("duplicate");
@@ -395,17 +408,12 @@ impl Transform for Dedup {
             }
             Verdict::First => {
                 self.verdict("first");
-                match self.output(input, &window) {
-                    Ok(outputs) => {
-                        self.pending.extend(change.map(|c| (input.partition, c)));
-                        Ok(outputs)
-                    }
-                    Err(e) => {
-                        // A bad record: its key was not seen.
-                        self.seen.withdraw(&tp, &window, &key);
-                        Err(e.into())
-                    }
-                }
+                // A bad record leaves no trace: its key is not seen, its time moves nothing.
+                let outputs = self.output(input, &window)?;
+                self.seen.advance(&tp, t);
+                let change = self.seen.remember(&tp, window, &key);
+                self.pending.push((input.partition, change));
+                Ok(outputs)
             }
         }
     }
@@ -598,6 +606,7 @@ mod tests {
             changelog: "cl".into(),
             retention: Duration::from_secs(86_400),
             state_dir: None,
+            max_key: 64,
         }
     }
 
@@ -729,7 +738,8 @@ mod tests {
         };
         let program = r#"if .bad then error("bad") else {window: $window} end"#;
         d.then = Some(Jq::compile(program, false, limits).unwrap());
-        let mut bad = input("a", HOUR);
+        // Two days ahead: had it moved the stream time, day 0 would be closed.
+        let mut bad = input("a", 50 * HOUR);
         bad.value = Some(br#"{"bad":true}"#);
         assert!(matches!(d.apply(&bad), Err(Failure::BadRecord(_))));
         let outs = d.apply(&input("a", HOUR)).unwrap();
@@ -739,6 +749,22 @@ mod tests {
             Some(&br#"{"window":"1970-01-01"}"#[..])
         );
         assert_eq!(commit(&mut d, &log), 2, "one key, one stream time");
+    }
+
+    #[test]
+    fn a_key_whose_changelog_record_would_be_too_large_is_a_bad_record() {
+        let log = Log::default();
+        let mut d = dedup(&log, Late::Dlq);
+        let long: &'static str = Box::leak("k".repeat(65).into_boxed_str());
+        match d.apply(&input(long, HOUR)) {
+            Err(Failure::BadRecord(e)) => assert_eq!(e.reason, Reason::DedupInput, "{e}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            commit(&mut d, &log),
+            0,
+            "nothing of it reaches the changelog"
+        );
     }
 
     #[test]
