@@ -29,16 +29,7 @@ pub fn command(args: StateArgs) -> u8 {
         StateCommand::Show(a) => show(&a),
         StateCommand::Import(a) => import(&a),
     };
-    match result {
-        Ok(text) => {
-            print!("{text}");
-            0
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            if matches!(e, Error::Config(_)) { 2 } else { 3 }
-        }
-    }
+    crate::offsets::report(result)
 }
 
 /// How many partitions `topic` has.

@@ -58,6 +58,12 @@ pub fn command(args: crate::config::offsets::OffsetsArgs) -> u8 {
             migrate::export(&target, store.as_ref(), a.dry_run)
         }
     })();
+    report(result)
+}
+
+/// A tool's outcome: its text on stdout and 0, or the error on stderr and 2 (bad options) or 3
+/// (could not complete). `exactly offsets` and `exactly state` answer this way.
+pub fn report(result: Result<String, Error>) -> u8 {
     match result {
         Ok(text) => {
             print!("{text}");
