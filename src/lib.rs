@@ -142,7 +142,9 @@ async fn dedup_intake(
         shutdown.clone(),
     )
     .map_err(Error::Startup)?;
-    let t = transform::dedup::Dedup::new(dedup, programs, Box::new(source), store, metrics.clone());
+    let mut t =
+        transform::dedup::Dedup::new(dedup, programs, Box::new(source), store, metrics.clone());
+    t.testing(&config.test);
     Ok(Box::new(t))
 }
 

@@ -69,6 +69,10 @@ pub struct Metrics {
     pub state_keys: IntGauge,
     /// Windows held in it (over the partitions owned).
     pub state_windows: IntGauge,
+    /// Keys in the fullest window of one partition.
+    pub state_window_keys_max: IntGauge,
+    /// The most keys a window of one partition takes (`--dedup-max-keys`).
+    pub state_window_keys_limit: IntGauge,
     /// Owned partitions whose state is not restored yet.
     pub state_restoring: IntGauge,
     /// Changelog records read back by restores.
@@ -285,6 +289,14 @@ impl Metrics {
             ),
             state_keys: gauge("state_keys", "Keys held in the dedup's committed state."),
             state_windows: gauge("state_windows", "Windows held in the dedup's state."),
+            state_window_keys_max: gauge(
+                "state_window_keys_max",
+                "Keys in the dedup's fullest window of one partition.",
+            ),
+            state_window_keys_limit: gauge(
+                "state_window_keys_limit",
+                "The most keys a dedup window of one partition takes (--dedup-max-keys).",
+            ),
             state_restoring: gauge(
                 "state_restoring_partitions",
                 "Owned partitions whose dedup state is not restored yet.",
@@ -301,7 +313,7 @@ impl Metrics {
             registry,
             catalog: Vec::new(),
         };
-        for verdict in ["first", "duplicate", "late"] {
+        for verdict in ["first", "duplicate", "late", "full"] {
             metrics.dedup_records.with_label_values(&[verdict]);
         }
         metrics.catalog = catalog.into_inner();

@@ -59,7 +59,7 @@ fn show(a: &ShowArgs) -> Result<String, Error> {
         let mut seen: Vec<Window> = Vec::new();
         let mut stream_time = None;
         reader
-            .read(p, None, &mut |k, v| match decode(k, v) {
+            .read(p, None, &mut |_, k, v| match decode(k, v) {
                 Ok(Change::Key { window, key }) if *key == *a.key.as_bytes() => seen.push(window),
                 Ok(Change::StreamTime(t)) => stream_time = Some(t),
                 _ => {}

@@ -47,6 +47,8 @@ struct Profile {
     /// Hostile records too (the storm): a far-future timestamp the output topic refuses
     /// every 500 records, a header name that is not UTF-8 every 500.
     hostile: bool,
+    /// Records for the dedup (the f-dedup scenario): 600 devices, three windows of an hour.
+    dedup: bool,
 }
 
 fn profile() -> Profile {
@@ -61,6 +63,7 @@ fn profile() -> Profile {
             change_every: (10_000, 20_000),
             broker_kills: 2,
             hostile: false,
+            dedup: false,
         },
         _ => Profile {
             name: "reduced",
@@ -72,21 +75,25 @@ fn profile() -> Profile {
             change_every: (2_000, 4_000),
             broker_kills: 1,
             hostile: false,
+            dedup: false,
         },
     }
 }
 
-fn record(i: usize, hostile: bool) -> In {
-    let p = (i % 6) as i32;
+fn record(i: usize, profile: Profile) -> In {
+    let (hostile, p) = (profile.hostile, (i % 6) as i32);
     let key = format!("k{i}");
+    let mut value = match i % 100 {
+        73 => json!({"seq": i, "n": "x"}),
+        _ => json!({"seq": i, "n": i, "fan": i.is_multiple_of(10)}),
+    };
+    if profile.dedup {
+        value["dev"] = json!(device(i));
+        value["at"] = json!(dedup_start() + window(i, profile.records) * HOUR + (i % 1000) as i64);
+    }
     let mut r = match i % 100 {
         37 => In::raw(p, &key, format!("not json {i}").as_bytes()),
-        73 => In::json(p, &key, json!({"seq": i, "n": "x"})),
-        _ => In::json(
-            p,
-            &key,
-            json!({"seq": i, "n": i, "fan": i.is_multiple_of(10)}),
-        ),
+        _ => In::json(p, &key, value),
     };
     if hostile && rejected(i) {
         // Ten days ahead: the output topic takes a day at most, the broker rejects it.
@@ -103,6 +110,63 @@ fn record(i: usize, hostile: bool) -> In {
     r
 }
 
+const HOUR: i64 = 3_600_000;
+/// The dedup scenario's first window: the hour the run started in (its event times stay
+/// within --dedup-max-ahead of the records' timestamps).
+fn dedup_start() -> i64 {
+    static START: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *START.get_or_init(|| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        now / HOUR * HOUR
+    })
+}
+/// Its dedup, as `exactly run` and the audit take it: per device (in the value, and in the
+/// input partition of its records) per hour of the `at` field.
+const DEDUP: [&str; 7] = [
+    "--dedup-window",
+    "1h",
+    "--dedup-key",
+    ".dev",
+    "--dedup-key-partitioned",
+    "--dedup-time",
+    ".at",
+];
+
+/// Record `i`'s device: 600 of them, each in the partition of its records (i % 6).
+fn device(i: usize) -> usize {
+    6 * ((i / 6) % 100) + i % 6
+}
+
+/// Record `i`'s hour, of three over the run.
+fn window(i: usize, records: usize) -> i64 {
+    (i * 3 / records) as i64
+}
+
+/// What the dedup scenario must deliver, worked out apart from exactly: (outputs, DLQ
+/// records, inputs dropped as later ones of their (hour, device)). The first record of each
+/// goes through PROGRAM; one that is not JSON is a bad record; one PROGRAM fails for (n is a
+/// string) is a bad record that leaves its device unseen, so the next one is the first.
+fn dedup_expected(records: usize) -> (usize, usize, usize) {
+    let mut seen = std::collections::HashSet::new();
+    let (mut outputs, mut dlq, mut dropped) = (0, 0, 0);
+    for i in 0..records {
+        if i % 100 == 37 {
+            dlq += 1;
+        } else if seen.contains(&(window(i, records), device(i))) {
+            dropped += 1;
+        } else if i % 100 == 73 {
+            dlq += 1;
+        } else {
+            seen.insert((window(i, records), device(i)));
+            outputs += if i.is_multiple_of(10) { 2 } else { 1 };
+        }
+    }
+    (outputs, dlq, dropped)
+}
+
 /// The records of a hostile run whose outputs the broker rejects.
 fn rejected(i: usize) -> bool {
     i % 500 == 250
@@ -117,7 +181,7 @@ fn generator(topic: String, profile: Profile) -> JoinHandle<Instant> {
         let mut i = 0;
         while i < profile.records {
             let n = batch.min(profile.records - i);
-            let records: Vec<In> = (i..i + n).map(|i| record(i, profile.hostile)).collect();
+            let records: Vec<In> = (i..i + n).map(|i| record(i, profile)).collect();
             writer.write(&topic, &records);
             i += n;
             let due = start + Duration::from_secs_f64(i as f64 / profile.per_second as f64);
@@ -147,19 +211,32 @@ struct Run {
     faults: Vec<Fault>,
     last_fault: Option<Instant>,
     started: Instant,
+    /// The instances' local stores (`--state-dir <dir>/<i>`), for a dedup run.
+    state: Option<tempfile::TempDir>,
 }
 
 impl Run {
     fn new(name: &str, instances: usize, extra: &[&str]) -> Run {
-        Self::scaled(name, instances, extra, 1, false)
+        Self::scaled(name, instances, extra, 1, (false, false))
     }
 
     /// A run whose input is `scale` times the profile's (and lasts that much longer), with
-    /// hostile records or not.
-    fn scaled(name: &str, instances: usize, extra: &[&str], scale: usize, hostile: bool) -> Run {
+    /// hostile records or not, through the dedup (each instance with a local store) or not.
+    fn scaled(
+        name: &str,
+        instances: usize,
+        extra: &[&str],
+        scale: usize,
+        (hostile, dedup): (bool, bool),
+    ) -> Run {
         let mut profile = profile();
         profile.records *= scale;
         profile.hostile = hostile;
+        profile.dedup = dedup;
+        let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        if dedup {
+            extra.extend(DEDUP.iter().map(|s| s.to_string()));
+        }
         let topics = if hostile {
             // The output topic bounds timestamps to a day either way; input and DLQ do not.
             let output = unique(&format!("{name}-out"));
@@ -192,13 +269,14 @@ impl Run {
             profile,
             topics,
             group,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
+            extra,
             live: (0..instances).map(|_| None).collect(),
             retired: Vec::new(),
             generator,
             faults: Vec::new(),
             last_fault: None,
             started: Instant::now(),
+            state: dedup.then(|| tempfile::tempdir().expect("state directory")),
         };
         for i in 0..instances {
             run.start(i);
@@ -211,6 +289,11 @@ impl Run {
     }
 
     fn start(&mut self, i: usize) {
+        self.start_with(i, &[]);
+    }
+
+    /// Starts instance `i` with `more` arguments than the run's.
+    fn start_with(&mut self, i: usize, more: &[&str]) {
         let mut args = base_args(&self.topics, &self.group, &format!("{}-{i}", self.name));
         if !self.extra.iter().any(|a| a == "--call-url") {
             args.extend(["--jq".to_string(), PROGRAM.to_string()]);
@@ -220,8 +303,17 @@ impl Run {
             args.extend(["--transaction-timeout".to_string(), "10s".to_string()]);
         }
         args.extend(self.extra.iter().cloned());
+        if let Some(dir) = self.state_dir(i) {
+            args.extend(["--state-dir".to_string(), dir.display().to_string()]);
+        }
+        args.extend(more.iter().map(|s| s.to_string()));
         assert!(self.live[i].is_none());
         self.live[i] = Some(Exactly::start(&args));
+    }
+
+    /// Instance `i`'s local store directory, in a dedup run.
+    fn state_dir(&self, i: usize) -> Option<std::path::PathBuf> {
+        Some(self.state.as_ref()?.path().join(i.to_string()))
     }
 
     fn retire(&mut self, i: usize) {
@@ -376,7 +468,7 @@ impl Run {
             }
         }
         let b = bootstrap();
-        let (code, report) = audit_json(&[
+        let mut audit = vec![
             "--bootstrap-servers",
             &b,
             "--input-topics",
@@ -389,7 +481,11 @@ impl Run {
             PROGRAM,
             "--timeout",
             "30s",
-        ]);
+        ];
+        if self.profile.dedup {
+            audit.extend(DEDUP);
+        }
+        let (code, report) = audit_json(&audit);
         for f in [
             "lost",
             "duplicated",
@@ -413,7 +509,15 @@ impl Run {
             .filter(|&i| self.profile.hostile && rejected(i))
             .count();
         assert_eq!(report["rejected_by_broker"], rejected, "{report:#}");
-        assert_eq!(report["dlq"], poison + rejected);
+        if self.profile.dedup {
+            // The audit replays exactly's own dedup; this is worked out apart from it.
+            let (outputs, dlq, dropped) = dedup_expected(self.profile.records);
+            assert_eq!(report["outputs"], outputs, "{report:#}");
+            assert_eq!(report["dlq"], dlq, "{report:#}");
+            assert_eq!(report["dropped"], dropped, "{report:#}");
+        } else {
+            assert_eq!(report["dlq"], poison + rejected);
+        }
 
         let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
         for f in &self.faults {
@@ -671,7 +775,7 @@ fn storm() {
     // restart alone take about 25 s (5× in the reduced profile: 100 s of input; 3× in full).
     let extra = ["--test-abort-probability", "0.33", "--static-membership"];
     let scale = if p.name == "full" { 3 } else { 5 };
-    let mut run = Run::scaled("f-storm", 3, &extra, scale, true);
+    let mut run = Run::scaled("f-storm", 3, &extra, scale, (true, false));
     let mut rng = rand::rng();
     let mut plan: Vec<&str> = Vec::new();
     plan.extend(std::iter::repeat_n("kill", p.kills.div_ceil(2)));
@@ -729,5 +833,96 @@ fn storm() {
         })
         .collect();
     assert_eq!(kinds.len(), 5, "the storm injected only {kinds:?}");
+    run.finish();
+}
+
+/// The dedup (per device per hour, both instances with a local store) through every way its
+/// state can be caught out: a crash after a commit before the local store write, kill -9
+/// mid-transaction, kill -9 while a partition's state is being read back (held back by the
+/// killed previous owner's open transaction), the local store deleted between a kill and the
+/// restart, members leaving and joining. Exactly one output per (hour, device), the first in
+/// partition order: the audit replays the dedup from the start of each partition, and the
+/// counts are worked out apart from exactly (`dedup_expected`).
+#[test]
+fn dedup_survives_crashes_and_rebalances() {
+    let _s = serial();
+    let p = profile();
+    let scale = if p.name == "full" { 1 } else { 4 };
+    let mut run = Run::scaled("f-dedup", 2, &[], scale, (false, true));
+    let mut rng = rand::rng();
+    let mut plan = vec!["restore", "store deleted", "members"];
+    plan.extend(std::iter::repeat_n("kill", p.kills.div_ceil(2)));
+    for i in (1..plan.len()).rev() {
+        plan.swap(i, rng.random_range(0..=i));
+    }
+    // First, while the input is young: the crash waits for commits of its own.
+    plan.insert(0, "crash before store");
+    let mut mid_restore = 0;
+    let step = 0.6 / plan.len() as f64;
+    for what in plan {
+        if !run.after_more_progress(step) {
+            break;
+        }
+        let i = rng.random_range(0..2);
+        match what {
+            "crash before store" => {
+                run.fault("crash after a commit, before the local store", |r| {
+                    r.kill9(i);
+                    r.start_with(i, &["--test-crash-before-store", "2"]);
+                    let crashed = r.live[i].as_mut().unwrap();
+                    let status = crashed.wait(Duration::from_secs(60));
+                    assert!(
+                        !crashed
+                            .events("test: crashing after a commit, before its local store write")
+                            .is_empty(),
+                        "{status:?}; log:\n{}",
+                        crashed.log_text()
+                    );
+                    r.retire(i);
+                    r.start(i);
+                })
+            }
+            "restore" => run.fault("kill -9 mid-restore", |r| {
+                // The restart reads its changelog 10 ms a record, and is killed in the middle
+                // of it (then restarts with its store as the restore left it).
+                r.kill9(i);
+                // Without its store, the restart reads its changelogs whole.
+                std::fs::remove_dir_all(r.state_dir(i).unwrap()).unwrap();
+                r.start_with(i, &["--test-restore-pace", "10ms"]);
+                let again = r.live[i].as_ref().unwrap();
+                again.wait_log("an assignment", Duration::from_secs(60), |e| {
+                    e.owned().is_some_and(|o| count_partitions(&o) > 0)
+                });
+                std::thread::sleep(Duration::from_millis(200));
+                let owned = count_partitions(&again.owned().unwrap());
+                if again.events("dedup state restored").len() < owned {
+                    mid_restore += 1;
+                }
+                r.kill9(i);
+                r.start(i);
+            }),
+            "store deleted" => run.fault("kill -9, local store deleted", |r| {
+                r.kill9(i);
+                std::fs::remove_dir_all(r.state_dir(i).unwrap()).unwrap();
+                r.start(i);
+            }),
+            "members" => change_membership(&mut run, 2),
+            _ => run.fault("kill -9", |r| {
+                r.kill9(i);
+                r.start(i);
+            }),
+        }
+    }
+    for i in 0..2 {
+        if run.live[i].is_none() {
+            run.start(i);
+        }
+    }
+    assert!(mid_restore > 0, "no kill landed during a restore");
+    assert!(
+        run.faults.len() >= 5,
+        "only {} faults landed",
+        run.faults.len()
+    );
     run.finish();
 }

@@ -59,8 +59,9 @@ pub fn command(args: crate::config::AuditArgs) -> u8 {
 pub fn run(config: AuditConfig) -> Result<Report, Error> {
     let t = &config.transform;
     // Compiled before anything is read: a bad program fails at once with jaq's message.
-    let transform = match &t.spec {
-        TransformSpec::Call(_) => None,
+    let transform = match (&t.spec, &config.dedup) {
+        (_, Some(dedup)) => Some(dedup_replay(dedup, t)?),
+        (TransformSpec::Call(_), None) => None,
         _ => Some(crate::transform::build(t)?),
     };
     let history = read::collect(&config.plan)?;
@@ -79,6 +80,19 @@ pub fn run(config: AuditConfig) -> Result<Report, Error> {
         &config.plan.outputs[0],
         config.max_message_bytes,
     ))
+}
+
+/// The pipeline's dedup, replayed in memory from nothing (the audit reads every input from
+/// the start of its partition, so it sees what came first).
+fn dedup_replay(
+    dedup: &crate::config::DedupConfig,
+    t: &crate::config::TransformConfig,
+) -> Result<Box<dyn Transform>, Error> {
+    let programs = crate::transform::dedup::programs(dedup, t)?;
+    let source = Box::new(crate::state::restore::Empty);
+    let metrics = crate::metrics::Metrics::new();
+    let replay = crate::transform::dedup::Dedup::new(dedup, programs, source, None, metrics);
+    Ok(Box::new(replay))
 }
 
 /// High watermark and last stable offset of one partition, at the start and end of the audit.
@@ -118,6 +132,9 @@ pub type Range = BTreeMap<(String, i32), (i64, i64)>;
 /// Everything the audit read.
 #[derive(Clone, Debug, Default)]
 pub struct History {
+    /// Input records before the range, from the start of each partition: read only for a
+    /// stateful replay (the dedup), never judged.
+    pub earlier: Vec<Rec>,
     /// Input records in the audited range, read_committed.
     pub inputs: Vec<Rec>,
     /// Audited range per input partition: [start, end).
@@ -143,6 +160,12 @@ pub struct Report {
     pub inputs: usize,
     /// Inputs beyond the group's committed offsets: not processed yet, so not judged.
     pub pending: usize,
+    /// Inputs before the range replayed for the dedup's state (what came first), not judged.
+    pub replayed_before_range: usize,
+    /// Judged inputs the replay gives nothing for (a program's `empty`; for the dedup, a
+    /// later record of a (window, key), or a late one dropped): none of them may be in the
+    /// output or the DLQ.
+    pub dropped: usize,
     /// Outputs the replayed transform expects for the judged inputs.
     pub expected_outputs: usize,
     /// DLQ records it expects.
@@ -206,6 +229,16 @@ impl Report {
         let mut line = |k: &str, v: String| s.push_str(&format!("{k:<28}{v}\n"));
         line("inputs audited", self.inputs.to_string());
         line("  pending (not committed)", self.pending.to_string());
+        if self.replayed_before_range > 0 {
+            line(
+                "  replayed before range",
+                format!("{} (for the dedup's state)", self.replayed_before_range),
+            );
+        }
+        line(
+            "  dropped by the transform",
+            format!("{} (no output, no DLQ record)", self.dropped),
+        );
         let expected = |n: usize| match self.replayed {
             true => n.to_string(),
             false => "– (not replayed)".into(),
@@ -312,7 +345,13 @@ impl Replay {
     fn outputs<'a>(&mut self, input: &InputRecord<'a>) -> Result<Vec<OutputRecord<'a>>, Failure> {
         match self {
             Replay::Lineage => Err(Failure::Unavailable("no replay".into())),
-            Replay::Transform(t) => t.apply(input),
+            Replay::Transform(t) => {
+                let outputs = t.apply(input);
+                // Each record its own unit: what a stateful transform decided is committed
+                // (and what it holds stays bounded: closed windows go).
+                t.committed();
+                outputs
+            }
             Replay::Answers { answers, limits } => {
                 let id = (input.topic.to_string(), input.partition, input.offset);
                 match answers.remove(&id) {
@@ -372,6 +411,8 @@ struct Expectations {
     dlq: HashSet<Id>,
     /// Beyond the group's committed offsets, or not replayable: not judged.
     pending: HashSet<Id>,
+    /// Judged inputs that become nothing.
+    dropped: usize,
 }
 
 /// What the history holds, by input.
@@ -423,6 +464,8 @@ pub fn analyze(
         max_message_bytes,
     );
     r.pending = expected.pending.len();
+    r.dropped = expected.dropped;
+    r.replayed_before_range = history.earlier.len();
     r.expected_outputs = expected.outputs.len();
     r.expected_dlq = expected.dlq.len();
     let mut seen = Seen::default();
@@ -464,6 +507,12 @@ fn expect(
         Some(c) => c.get(&(t.to_string(), p)).is_some_and(|&next| o < next),
         None => true,
     };
+    if replay.replays() {
+        // What came before the range, for the state it leaves (whatever it became).
+        for input in &history.earlier {
+            let _ = replay.outputs(&input.as_input());
+        }
+    }
     for input in &history.inputs {
         let id = (input.topic.clone(), input.partition, input.offset);
         if !judged(&input.topic, input.partition, input.offset) {
@@ -480,6 +529,7 @@ fn expect(
                 e.dlq.insert(id);
             }
             Ok(outs) => {
+                e.dropped += usize::from(outs.is_empty());
                 for (i, o) in outs.into_iter().enumerate() {
                     let expected = Expected {
                         topic: o.topic.unwrap_or_else(|| default_output.to_string()),
@@ -961,5 +1011,85 @@ mod tests {
         };
         assert!(!p.hanging());
         assert_eq!(p.unstable(), 2);
+    }
+
+    /// The dedup by Kafka key per day, replayed: keys a b a b c at offsets 0..5 of one day,
+    /// the range starting at 1 (offset 0 came before it).
+    fn deduplicated() -> (History, Replay) {
+        use std::time::Duration;
+
+        use crate::state::window::{Size, Windows};
+        let dedup = crate::config::DedupConfig {
+            windows: Windows::new(Size::Days(1), jiff::tz::TimeZone::UTC, Duration::ZERO),
+            key: None,
+            time: None,
+            late: crate::config::Late::Dlq,
+            changelog: "cl".into(),
+            retention: Duration::from_secs(86_400),
+            state_dir: None,
+            max_key: 100,
+            max_keys: 100,
+            max_ahead: 86_400_000,
+        };
+        let transform = crate::config::TransformConfig {
+            spec: TransformSpec::Passthrough,
+            max_output_bytes: LIMITS.max_output_bytes,
+            max_outputs_per_record: LIMITS.max_outputs,
+        };
+        let mut h = History::default();
+        for (o, key) in ["a", "b", "a", "b", "c"].into_iter().enumerate() {
+            let mut r = input(0, o as i64, key);
+            r.key = Some(key.as_bytes().to_vec());
+            r.timestamp = Some(1_800_000_000_000 + o as i64);
+            if o == 0 {
+                h.earlier.push(r);
+            } else {
+                h.inputs.push(r);
+            }
+        }
+        for (at, o) in [(0, 1), (1, 4)] {
+            h.outputs.push(passed(at, o));
+        }
+        h.range.insert(("in".into(), 0), (1, 5));
+        let replay = Replay::Transform(dedup_replay(&dedup, &transform).unwrap());
+        (h, replay)
+    }
+
+    /// Input `o` of [`deduplicated`] as the passthrough writes it, at output offset `at`.
+    fn passed(at: i64, o: i64) -> Rec {
+        let v = ["a", "b", "a", "b", "c"][o as usize];
+        let mut r = output(0, at, &format!("in/0/{o}/0"), v);
+        r.key = Some(v.as_bytes().to_vec());
+        r
+    }
+
+    fn check_with(h: &History, mut replay: Replay) -> Report {
+        analyze(h, &mut replay, OnError::Dlq, "out", 1_000_000)
+    }
+
+    #[test]
+    fn a_dedup_is_judged_by_what_came_first_even_before_the_range() {
+        let (h, replay) = deduplicated();
+        let r = check_with(&h, replay);
+        assert_eq!(r.anomalies(), 0, "{}", r.summary());
+        // a (seen before the range) and the second b: nothing of them anywhere.
+        assert_eq!((r.dropped, r.replayed_before_range), (2, 1));
+        assert_eq!(r.expected_outputs, 2);
+
+        // The second of a key in the output: a duplicate the replay never gives.
+        let (mut h, replay) = deduplicated();
+        h.outputs.push(passed(2, 3));
+        assert_eq!(check_with(&h, replay).unexpected, 1);
+
+        // The later b instead of the first: the first is lost, the later one unexpected.
+        let (mut h, replay) = deduplicated();
+        h.outputs[0] = passed(0, 3);
+        let r = check_with(&h, replay);
+        assert_eq!((r.lost, r.unexpected), (1, 1), "{}", r.summary());
+
+        // Without what came before the range, the a at offset 2 would look lost.
+        let (mut h, replay) = deduplicated();
+        h.earlier.clear();
+        assert_eq!(check_with(&h, replay).lost, 1);
     }
 }

@@ -37,6 +37,9 @@ impl ConsumerContext for AuditContext {}
 
 type AuditConsumer = BaseConsumer<AuditContext>;
 
+/// The low watermark of each input partition.
+type Lows = BTreeMap<(String, i32), i64>;
+
 fn client(plan: &Plan, isolation: Isolation) -> Result<AuditConsumer, Error> {
     plan.kafka
         .to_rdkafka(Role::AuditReader { isolation })
@@ -68,7 +71,7 @@ pub fn collect(plan: &Plan) -> Result<History, Error> {
     };
     let partitions = r.partitions()?;
     let mut states = r.states(&partitions)?;
-    let range = r.input_range(&partitions, &states)?;
+    let (range, lows) = r.input_range(&partitions, &states)?;
     // Committed offsets before outputs (see the module comment). Without require_stable
     // (a read_uncommitted client does not ask for it): a hanging transaction must not block.
     let committed = match &plan.group {
@@ -89,6 +92,16 @@ pub fn collect(plan: &Plan) -> Result<History, Error> {
             .collect();
         inputs.extend(read_ranges(&r.committed, t, &ranges, plan.timeout)?);
     }
+    let mut earlier = Vec::new();
+    if plan.earlier {
+        for t in &plan.inputs {
+            let ranges: BTreeMap<i32, (i64, i64)> = (range.iter())
+                .filter(|((rt, _), _)| rt == t)
+                .map(|((_, p), &(start, _))| (*p, (lows[&(t.clone(), *p)], start)))
+                .collect();
+            earlier.extend(read_ranges(&r.committed, t, &ranges, plan.timeout)?);
+        }
+    }
     let first_ts = inputs.iter().filter_map(|r| r.timestamp).min();
     let (outputs, dlq, aborted) = r.outputs(&partitions, first_ts)?;
     // Watermarks at the end: a partition whose LSO did not move while it stayed below the
@@ -99,6 +112,7 @@ pub fn collect(plan: &Plan) -> Result<History, Error> {
         s.last_stable_offset_at_end = lso;
     }
     Ok(History {
+        earlier,
         inputs,
         range,
         outputs,
@@ -169,14 +183,15 @@ impl Readers<'_> {
         Ok(states)
     }
 
-    /// The audited range of each input partition, [start, end), within what is stable.
+    /// The audited range of each input partition, [start, end), within what is stable; and
+    /// each one's low watermark.
     fn input_range(
         &self,
         partitions: &BTreeMap<String, i32>,
         states: &[PartitionState],
-    ) -> Result<super::Range, Error> {
+    ) -> Result<(super::Range, Lows), Error> {
         let plan = self.plan;
-        let mut range = BTreeMap::new();
+        let (mut range, mut lows) = (BTreeMap::new(), BTreeMap::new());
         for t in &plan.inputs {
             for p in 0..partitions[t] {
                 let (low, _) = self
@@ -190,9 +205,10 @@ impl Readers<'_> {
                 let start = resolve(&self.committed, &plan.from, t, p, low, plan.timeout)?;
                 let end = resolve(&self.committed, &plan.to, t, p, lso, plan.timeout)?.min(lso);
                 range.insert((t.clone(), p), (start.max(low), end));
+                lows.insert((t.clone(), p), low);
             }
         }
-        Ok(range)
+        Ok((range, lows))
     }
 
     /// The output and DLQ records from the oldest input's time on (outputs carry their

@@ -6,8 +6,8 @@ use std::time::Duration;
 use clap::Args;
 
 use super::{
-    CONSUMER_OWNED, CallArgs, ClientArgs, KeyValue, OnError, TransformArgs, TransformConfig,
-    check_passthrough, check_topic_name, parse_duration,
+    CONSUMER_OWNED, CallArgs, ClientArgs, DedupArgs, DedupConfig, DedupStateArgs, KeyValue,
+    OnError, TransformArgs, TransformConfig, check_passthrough, check_topic_name, parse_duration,
 };
 use crate::error::Error;
 use crate::kafka::Settings;
@@ -56,6 +56,11 @@ pub struct AuditArgs {
     /// The pipeline's call-out, if it calls an application.
     #[command(flatten)]
     pub call: CallArgs,
+
+    /// The pipeline's dedup, if it runs one: replayed in memory over every input from the
+    /// start of each partition (what came before the range decides what is first in it).
+    #[command(flatten)]
+    pub dedup: DedupArgs,
 
     /// Call the application again and compare its answers with the outputs (only for an
     /// application that answers the same record the same way). Without it a call-out pipeline
@@ -128,6 +133,9 @@ pub struct Plan {
     pub group: Option<String>,
     /// Start of the input range.
     pub from: Bound,
+    /// Also read every input before the range, from the start of each partition, for a
+    /// stateful replay (the dedup) to see what came first.
+    pub earlier: bool,
     /// End of the input range (exclusive).
     pub to: Bound,
     /// Bound on each network call and on reading each topic.
@@ -140,6 +148,8 @@ pub struct AuditConfig {
     pub plan: Plan,
     /// The transform.
     pub transform: TransformConfig,
+    /// The dedup in front of it, if the pipeline runs one.
+    pub dedup: Option<DedupConfig>,
     /// What the run did with a record that could not be transformed.
     pub on_error: OnError,
     /// Call the application again (a call-out), rather than account by lineage alone.
@@ -161,6 +171,17 @@ impl AuditArgs {
         }
         let on_error = self.transform.on_error;
         let transform = self.transform.resolve(Some(self.call))?;
+        let mut dedup = self
+            .dedup
+            .resolve(DedupStateArgs::default(), "exactly-audit")?;
+        if let Some(d) = &mut dedup {
+            d.fit(&transform);
+        }
+        if dedup.is_some() && matches!(transform.spec, super::TransformSpec::Call(_)) {
+            return Err(Error::Config(
+                "--dedup-window: not with --call-url (exactly run refuses it too)".into(),
+            ));
+        }
         let dlq = match (self.dlq_topic, on_error) {
             (Some(d), _) => Some(d),
             (None, OnError::Dlq) => Some(format!("{}.dlq", self.output_topics[0])),
@@ -200,10 +221,12 @@ impl AuditArgs {
                 dlq,
                 group: self.group_id,
                 from,
+                earlier: dedup.is_some(),
                 to,
                 timeout: self.timeout,
             },
             transform,
+            dedup,
             on_error,
             replay_call: self.replay_call,
             json: self.json,

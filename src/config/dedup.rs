@@ -62,6 +62,22 @@ pub struct DedupArgs {
     #[arg(long, env = "EXACTLY_DEDUP_LATE", value_enum, default_value_t = Late::Dlq)]
     pub dedup_late: Late,
 
+    /// The most keys one window of one input partition holds: a new key past it is a bad
+    /// record (reason `dedup_full`, by --on-error) and the ExactlyDedupWindowFull alert
+    /// fires, instead of the state growing without bound.
+    #[arg(long, env = "EXACTLY_DEDUP_MAX_KEYS", value_name = "N", default_value_t = 5_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub dedup_max_keys: u64,
+
+    /// With --dedup-time: an event time further than this past the record's own timestamp is
+    /// a bad record (reason `dedup_input`), so one wrong clock cannot move the stream time
+    /// ahead and make every later record late.
+    #[arg(long, env = "EXACTLY_DEDUP_MAX_AHEAD", value_name = "DURATION", default_value = "1d", value_parser = parse_duration)]
+    pub dedup_max_ahead: Duration,
+}
+
+/// Where `exactly run`'s dedup keeps its state (not the audit's: it replays in memory).
+#[derive(Clone, Debug, Default, Args)]
+pub struct DedupStateArgs {
     /// The changelog topic of the keys seen [default: <group-id>.dedup-changelog]; created
     /// at start when missing (one partition per input partition, compact,delete), checked
     /// when present.
@@ -94,21 +110,33 @@ pub struct DedupConfig {
     pub state_dir: Option<std::path::PathBuf>,
     /// The longest key (its changelog record within `--max-output-bytes`).
     pub max_key: usize,
+    /// The most keys per window and input partition.
+    pub max_keys: usize,
+    /// How far past the record's timestamp an event time may be, in ms.
+    pub max_ahead: i64,
 }
 
 /// A day, the margin the changelog keeps records past their window's close.
 const MARGIN: Duration = Duration::from_secs(86_400);
 
+impl DedupConfig {
+    /// Keys fit the transform's limits: a changelog record is its key plus 18 bytes (format,
+    /// window start and end), and stays within `--max-output-bytes`.
+    pub fn fit(&mut self, transform: &super::TransformConfig) {
+        self.max_key = transform.max_output_bytes.saturating_sub(18);
+    }
+}
+
 impl DedupArgs {
     /// `None` without --dedup-window. `group`: the default changelog's prefix.
-    pub fn resolve(self, group: &str) -> Result<Option<DedupConfig>, Error> {
+    pub fn resolve(self, state: DedupStateArgs, group: &str) -> Result<Option<DedupConfig>, Error> {
         let Some(window) = self.dedup_window else {
             let set = [
                 ("--dedup-key", self.dedup_key.is_some()),
                 ("--dedup-time", self.dedup_time.is_some()),
-                ("--dedup-changelog", self.dedup_changelog.is_some()),
+                ("--dedup-changelog", state.dedup_changelog.is_some()),
                 ("--dedup-key-partitioned", self.dedup_key_partitioned),
-                ("--state-dir", self.state_dir.is_some()),
+                ("--state-dir", state.state_dir.is_some()),
             ];
             if let Some((flag, _)) = set.iter().find(|(_, on)| *on) {
                 return Err(Error::Config(format!("{flag}: needs --dedup-window")));
@@ -130,7 +158,7 @@ impl DedupArgs {
                     .into(),
             ));
         }
-        let changelog = self
+        let changelog = state
             .dedup_changelog
             .unwrap_or_else(|| format!("{group}.dedup-changelog"));
         super::check_topic_name("--dedup-changelog", &changelog)?;
@@ -143,8 +171,10 @@ impl DedupArgs {
             retention: window
                 .saturating_add(self.dedup_grace)
                 .saturating_add(MARGIN),
-            state_dir: self.state_dir,
+            state_dir: state.state_dir,
             max_key: usize::MAX,
+            max_keys: usize::try_from(self.dedup_max_keys).unwrap_or(usize::MAX),
+            max_ahead: i64::try_from(self.dedup_max_ahead.as_millis()).unwrap_or(i64::MAX),
         }))
     }
 }

@@ -25,7 +25,7 @@ use crate::error::Error;
 use crate::kafka::{REDACTED, is_secret};
 
 pub use audit::{AuditArgs, AuditConfig, Bound, Plan};
-pub use dedup::{DedupArgs, DedupConfig, Late};
+pub use dedup::{DedupArgs, DedupConfig, DedupStateArgs, Late};
 pub use run::{
     CommitPolicy, Config, ErrorPolicy, GroupConfig, Guarantee, Input, RunArgs, SinkConfig,
     TestAborts, TestSwitches,

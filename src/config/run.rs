@@ -5,9 +5,9 @@ use std::time::Duration;
 use clap::Args;
 
 use super::{
-    CONSUMER_OWNED, CallArgs, ClientArgs, DedupArgs, DedupConfig, KeyValue, LogFormat, OnError,
-    PRODUCER_OWNED, TransformArgs, TransformConfig, TransformSpec, check_passthrough,
-    check_topic_name, parse_duration, parse_log_filter,
+    CONSUMER_OWNED, CallArgs, ClientArgs, DedupArgs, DedupConfig, DedupStateArgs, KeyValue,
+    LogFormat, OnError, PRODUCER_OWNED, TransformArgs, TransformConfig, TransformSpec,
+    check_passthrough, check_topic_name, parse_duration, parse_log_filter,
 };
 use crate::error::Error;
 use crate::kafka::Settings;
@@ -97,6 +97,10 @@ pub struct RunArgs {
     #[command(flatten)]
     pub dedup: DedupArgs,
 
+    /// Where the dedup keeps its state.
+    #[command(flatten)]
+    pub dedup_state: DedupStateArgs,
+
     /// Dead-letter topic [default: <output-topic>.dlq].
     #[arg(long, env = "EXACTLY_DLQ_TOPIC", value_name = "TOPIC")]
     pub dlq_topic: Option<String>,
@@ -172,6 +176,16 @@ pub struct RunArgs {
     /// its first N records.
     #[arg(long, env = "EXACTLY_TEST_UNAVAILABLE", value_name = "N", hide = true)]
     pub test_unavailable: Option<u64>,
+
+    /// Testing only: the process aborts right after its Nth commit with dedup changes (keys,
+    /// stream times) to store, before they reach the local store (--state-dir).
+    #[arg(long, env = "EXACTLY_TEST_CRASH_BEFORE_STORE", value_name = "N", hide = true, value_parser = clap::value_parser!(u64).range(1..))]
+    pub test_crash_before_store: Option<u64>,
+
+    /// Testing only: the dedup's restore takes this long per changelog record read, so a
+    /// test can stop it midway.
+    #[arg(long, env = "EXACTLY_TEST_RESTORE_PACE", value_name = "DURATION", hide = true, value_parser = parse_duration)]
+    pub test_restore_pace: Option<Duration>,
 }
 
 /// The delivery guarantee.
@@ -300,6 +314,10 @@ pub struct TestSwitches {
     pub fail_sends: u64,
     /// Records the transform refuses as unavailable first.
     pub unavailable: u64,
+    /// The commit after which the dedup crashes before its local store write.
+    pub crash_before_store: Option<u64>,
+    /// How long the dedup's restore takes per changelog record.
+    pub restore_pace: Option<Duration>,
 }
 
 impl Config {
@@ -358,7 +376,7 @@ impl RunArgs {
         check_passthrough("--producer-config", &self.producer_config, PRODUCER_OWNED)?;
         let test = self.test_switches();
         let transform = self.transform.resolve(Some(self.call))?;
-        let mut dedup = self.dedup.resolve(&group.group_id)?;
+        let mut dedup = self.dedup.resolve(self.dedup_state, &group.group_id)?;
         if let Some(d) = &mut dedup {
             check_dedup(&group, &sink, &transform)?;
             let taken = [
@@ -377,8 +395,7 @@ impl RunArgs {
                     "--dedup-changelog: '{topic}' is also the {flag} topic"
                 )));
             }
-            // A changelog record is its key plus 18 bytes (format, window start and end).
-            d.max_key = transform.max_output_bytes.saturating_sub(18);
+            d.fit(&transform);
         }
         if let TransformSpec::Call(call) = &transform.spec {
             if call.timeout >= sink.transaction_timeout {
@@ -574,6 +591,8 @@ impl RunArgs {
             },
             fail_sends: self.test_fail_sends.unwrap_or(0),
             unavailable: self.test_unavailable.unwrap_or(0),
+            crash_before_store: self.test_crash_before_store,
+            restore_pace: self.test_restore_pace,
         }
     }
 }

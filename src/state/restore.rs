@@ -17,8 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::kafka::{Isolation, Role, Settings};
 
-/// What a read hands each record to: its key and value.
-pub type Each<'e> = dyn FnMut(Option<&[u8]>, Option<&[u8]>) + 'e;
+/// What a read hands each record to: its offset, key and value.
+pub type Each<'e> = dyn FnMut(i64, Option<&[u8]>, Option<&[u8]>) + 'e;
 
 /// What a read got to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +59,19 @@ pub trait Changelog: Send {
     ) -> Result<Read, Unread>;
     /// The partition's end now (its high watermark): everything committed is below it.
     fn end(&mut self, partition: i32) -> Result<i64, String>;
+}
+
+/// A changelog with nothing in it: state that starts from nothing (the audit's replay).
+pub struct Empty;
+
+impl Changelog for Empty {
+    fn read(&mut self, _: i32, _: Option<i64>, _: &mut Each<'_>) -> Result<Read, Unread> {
+        Ok(Read { records: 0, end: 0 })
+    }
+
+    fn end(&mut self, _: i32) -> Result<i64, String> {
+        Ok(0)
+    }
 }
 
 /// A changelog topic on the cluster.
@@ -159,7 +172,7 @@ impl Changelog for KafkaChangelog {
             }
             match self.reader.poll(Duration::from_millis(100)) {
                 Some(Ok(m)) => {
-                    each(m.key(), m.payload());
+                    each(m.offset(), m.key(), m.payload());
                     read += 1;
                     if m.offset() + 1 >= high {
                         break Ok(done(read));

@@ -26,6 +26,8 @@ pub enum Verdict {
     /// Its window closed before it came (end + grace at or before the partition's stream
     /// time).
     Late,
+    /// A new key for a window of its partition that holds the most keys allowed already.
+    Full,
 }
 
 /// A state change for the changelog: a key first seen in a window, or the partition's stream
@@ -72,6 +74,10 @@ impl Layer {
     fn keys(&self) -> usize {
         self.windows.values().map(|(_, k)| k.len()).sum()
     }
+
+    fn keys_in(&self, window: &Window) -> usize {
+        self.windows.get(&window.start).map_or(0, |(_, k)| k.len())
+    }
 }
 
 /// The keys seen per window, for each partition this instance owns.
@@ -80,6 +86,8 @@ pub struct Seen {
     windows: Windows,
     committed: HashMap<Tp, Layer>,
     open: HashMap<Tp, Layer>,
+    /// The most keys a window of one partition takes.
+    max_keys: usize,
 }
 
 impl Seen {
@@ -89,7 +97,14 @@ impl Seen {
             windows,
             committed: HashMap::new(),
             open: HashMap::new(),
+            max_keys: usize::MAX,
         }
+    }
+
+    /// At most `max` keys per window of one partition: a new key past them is [`Verdict::Full`].
+    pub fn capped(mut self, max: usize) -> Seen {
+        self.max_keys = max;
+        self
     }
 
     /// The windows.
@@ -126,6 +141,10 @@ impl Seen {
         let seen = |l: Option<&Layer>| l.is_some_and(|l| l.contains(window, key));
         if seen(open) || seen(committed) {
             return Verdict::Duplicate;
+        }
+        let held = |l: Option<&Layer>| l.map_or(0, |l| l.keys_in(window));
+        if held(open) + held(committed) >= self.max_keys {
+            return Verdict::Full;
         }
         Verdict::First
     }
@@ -220,6 +239,14 @@ impl Seen {
     /// Committed keys held, over all partitions and windows.
     pub fn keys(&self) -> usize {
         self.committed.values().map(Layer::keys).sum()
+    }
+
+    /// Keys in the fullest committed window of one partition.
+    pub fn fullest_window(&self) -> usize {
+        (self.committed.values())
+            .flat_map(|l| l.windows.values().map(|(_, keys)| keys.len()))
+            .max()
+            .unwrap_or(0)
     }
 
     /// Windows held, over all partitions.
@@ -361,6 +388,22 @@ mod tests {
                 "{key} at {t}"
             );
         }
+    }
+
+    #[test]
+    fn a_window_at_its_cap_takes_no_new_key_and_still_knows_its_own() {
+        let (s, tp) = seen(0);
+        let mut s = s.capped(2);
+        assert_eq!(offer(&mut s, &tp, "a", HOUR), Verdict::First);
+        s.committed();
+        assert_eq!(offer(&mut s, &tp, "b", HOUR), Verdict::First);
+        // Both layers count: one key committed, one open.
+        assert_eq!(offer(&mut s, &tp, "c", HOUR), Verdict::Full);
+        assert_eq!(offer(&mut s, &tp, "b", HOUR), Verdict::Duplicate);
+        assert_eq!(offer(&mut s, &tp, "a", HOUR), Verdict::Duplicate);
+        // Another window, another partition: their own counts.
+        assert_eq!(offer(&mut s, &tp, "c", 25 * HOUR), Verdict::First);
+        assert_eq!(offer(&mut s, &("in".into(), 1), "c", HOUR), Verdict::First);
     }
 
     #[test]

@@ -115,14 +115,17 @@ pub async fn ensure(
         wanted,
         value("cleanup.policy").as_deref(),
         value("retention.ms").as_deref(),
+        value("retention.bytes").as_deref(),
     )
 }
 
-/// Whether a changelog's `cleanup.policy` and `retention.ms` keep what a restore needs.
+/// Whether a changelog's `cleanup.policy`, `retention.ms` and `retention.bytes` keep what a
+/// restore needs.
 fn check_configs(
     wanted: &Wanted<'_>,
     policy: Option<&str>,
     retention: Option<&str>,
+    bytes: Option<&str>,
 ) -> Result<(), String> {
     let name = wanted.changelog;
     let policy = policy.unwrap_or("delete");
@@ -133,6 +136,17 @@ fn check_configs(
         ));
     }
     let deletes = policy.split(',').any(|p| p.trim() == "delete");
+    if deletes
+        && bytes
+            .and_then(|b| b.parse::<i64>().ok())
+            .is_some_and(|b| b >= 0)
+    {
+        return Err(format!(
+            "'{name}' has retention.bytes={}: with delete, a partition past that size loses \
+             its oldest keys, open windows' too (set it to -1; compaction keeps it small)",
+            bytes.unwrap_or_default()
+        ));
+    }
     let ms: i64 = match retention.map(str::parse) {
         Some(Ok(ms)) => ms,
         _ => return Ok(()),
@@ -161,17 +175,19 @@ mod tests {
             retention: Duration::from_secs(2 * 86_400),
         };
         let day = "86400000";
-        assert!(check_configs(&w, Some("compact,delete"), Some("172800000")).is_ok());
+        assert!(check_configs(&w, Some("compact,delete"), Some("172800000"), None).is_ok());
         assert!(
-            check_configs(&w, Some("compact"), Some(day)).is_ok(),
+            check_configs(&w, Some("compact"), Some(day), Some("1000")).is_ok(),
             "never deletes"
         );
-        assert!(check_configs(&w, Some("compact, delete"), Some("-1")).is_ok());
-        let e = check_configs(&w, Some("delete"), Some("-1")).unwrap_err();
+        assert!(check_configs(&w, Some("compact, delete"), Some("-1"), Some("-1")).is_ok());
+        let e = check_configs(&w, Some("delete"), Some("-1"), None).unwrap_err();
         assert!(e.contains("needs compact"), "{e}");
-        let e = check_configs(&w, None, None).unwrap_err();
+        let e = check_configs(&w, None, None, None).unwrap_err();
         assert!(e.contains("cleanup.policy=delete"), "{e}");
-        let e = check_configs(&w, Some("compact,delete"), Some(day)).unwrap_err();
+        let e = check_configs(&w, Some("compact,delete"), Some("-1"), Some("1073741824"));
+        assert!(e.unwrap_err().contains("retention.bytes=1073741824"));
+        let e = check_configs(&w, Some("compact,delete"), Some(day), None).unwrap_err();
         assert!(
             e.contains("keeps records 1day") && e.contains("2days"),
             "{e}"

@@ -14,7 +14,7 @@
 //! may or may not have committed: only the changelog knows).
 
 use std::borrow::Cow;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use tracing::{error, info, warn};
@@ -34,6 +34,12 @@ use crate::state::window::Window;
 /// restart reads at most about this much of the changelog again.
 const CHECKPOINT: Duration = Duration::from_secs(10);
 
+/// How long one unit may spend restoring before the restores left wait for the next unit: a
+/// restore runs on the loop, and one read takes up to `--transaction-timeout`, so a turn of
+/// the loop stays within this plus one read (the consumer's `max.poll.interval.ms` is the
+/// transaction timeout plus 15 s).
+const RESTORE_BUDGET: Duration = Duration::from_secs(5);
+
 /// The dedup in front of the record's transform.
 pub struct Dedup {
     key: Option<Jq>,
@@ -49,8 +55,15 @@ pub struct Dedup {
     owned: BTreeSet<Tp>,
     /// The longest key: its changelog record stays within --max-output-bytes.
     max_key: usize,
+    /// How far past its record's timestamp an event time read by --dedup-time may be (ms).
+    max_ahead: i64,
     /// Owned partitions whose state is not read back yet.
     unrestored: BTreeSet<Tp>,
+    /// Unrestored partitions whose last restore stopped midway, and the changelog offset it
+    /// got to: everything below is in the committed layer (and the store, marked there).
+    resume: BTreeMap<Tp, i64>,
+    /// Time spent restoring in the open unit.
+    restoring: Duration,
     /// The open unit's changes, in order (partition, change): its changelog records, and what
     /// its commit writes to the store.
     pending: Vec<(i32, Change)>,
@@ -63,6 +76,10 @@ pub struct Dedup {
     checkpointed: Instant,
     /// How often marks are taken.
     checkpoint_every: Duration,
+    /// Testing only: commits with changes to store left before the process aborts instead.
+    crash_before_store: Option<u64>,
+    /// Testing only: how long a restore takes per changelog record.
+    restore_pace: Option<Duration>,
     metrics: Metrics,
 }
 
@@ -76,45 +93,86 @@ impl Dedup {
         store: Option<Box<dyn Store>>,
         metrics: Metrics,
     ) -> Dedup {
-        Dedup {
+        let dedup = Dedup {
             key,
             time,
             then,
             late: config.late,
             topic: config.changelog.clone(),
-            seen: Seen::new(config.windows.clone()),
+            seen: Seen::new(config.windows.clone()).capped(config.max_keys),
             source,
             store,
             owned: BTreeSet::new(),
             max_key: config.max_key,
+            max_ahead: config.max_ahead,
             unrestored: BTreeSet::new(),
+            resume: BTreeMap::new(),
+            restoring: Duration::ZERO,
             pending: Vec::new(),
             sent: 0,
             behind: BTreeSet::new(),
             marks: Vec::new(),
             checkpointed: Instant::now(),
             checkpoint_every: CHECKPOINT,
+            crash_before_store: None,
+            restore_pace: None,
             metrics,
+        };
+        let limit = i64::try_from(config.max_keys).unwrap_or(i64::MAX);
+        dedup.metrics.state_window_keys_limit.set(limit);
+        dedup
+    }
+
+    /// Testing only: `--test-crash-before-store` (the process aborts after the `n`th commit
+    /// with changes for the local store, before writing them) and `--test-restore-pace`.
+    pub fn testing(&mut self, test: &crate::config::TestSwitches) {
+        self.crash_before_store = test.crash_before_store;
+        self.restore_pace = test.restore_pace;
+    }
+
+    /// Reads `tp`'s state back, unless the open unit spent its restore budget already (then
+    /// the unit aborts, the loop polls, and the next unit goes on).
+    fn restore(&mut self, tp: &Tp) -> Result<(), String> {
+        if self.restoring >= RESTORE_BUDGET {
+            return Err(format!(
+                "restores took {:?} of this unit already; partition {} waits for the next",
+                self.restoring, tp.1
+            ));
         }
+        let started = Instant::now();
+        let restored = self.restore_now(tp);
+        self.restoring += started.elapsed();
+        restored
     }
 
     /// Reads `tp`'s state back, over whatever was held of it: what the local store holds, then
     /// the changelog from the store's mark (from its beginning without one, or when the mark
     /// is not in it any more); what the changelog added goes to the store with the new mark.
-    fn restore(&mut self, tp: &Tp) -> Result<(), String> {
+    /// A read that stops midway keeps what it got (in the store too, marked where it got to),
+    /// and the next one goes on from there.
+    fn restore_now(&mut self, tp: &Tp) -> Result<(), String> {
         let p = tp.1;
-        self.seen.revoked(tp);
         self.metrics
             .state_restoring
             .set(self.unrestored.len() as i64);
         let started = Instant::now();
-        let (from, stored) = self.load(tp);
-        let mut from = from;
+        let (mut from, stored) = match self.resume.remove(tp) {
+            Some(at) => (Some(at), 0),
+            None => {
+                self.seen.revoked(tp);
+                self.load(tp)
+            }
+        };
+        let pace = self.restore_pace;
         let (delta, read, skipped) = loop {
             let (seen, mut delta, mut skipped) = (&mut self.seen, Batch::default(), 0u64);
-            let read = self
-                .source
-                .read(p, from, &mut |k, v| match changelog::decode(k, v) {
+            let mut last = None;
+            let read = self.source.read(p, from, &mut |offset, k, v| {
+                if let Some(pace) = pace {
+                    std::thread::sleep(pace);
+                }
+                last = Some(offset);
+                match changelog::decode(k, v) {
                     Ok(change) => {
                         match &change {
                             Change::Key { window, key } => {
@@ -133,7 +191,8 @@ impl Dedup {
                         }
                         skipped += 1;
                     }
-                });
+                }
+            });
             match read {
                 Ok(read) => break (delta, read, skipped),
                 Err(Unread::OutOfRange(why)) if from.is_some() => {
@@ -150,8 +209,17 @@ impl Dedup {
                     from = None;
                 }
                 Err(e) => {
-                    self.seen.revoked(tp);
                     self.metrics.state_restore_failures.inc();
+                    // What was read is the changelog's below where it got: kept, and stored
+                    // with that mark, so the next read (or a restart) goes on from there.
+                    match last.map(|o| o + 1).or(from) {
+                        Some(at) => {
+                            delta.marks.push((p, at));
+                            self.write(&delta);
+                            self.resume.insert(tp.clone(), at);
+                        }
+                        None => self.seen.revoked(tp),
+                    }
                     return Err(format!("restoring the dedup state: {e}"));
                 }
             }
@@ -268,6 +336,7 @@ impl Dedup {
 
     fn gauges(&self) {
         self.metrics.state_keys.set(self.seen.keys() as i64);
+        (self.metrics.state_window_keys_max).set(self.seen.fullest_window() as i64);
         self.metrics
             .state_windows
             .set(self.seen.open_windows() as i64);
@@ -374,6 +443,16 @@ impl Transform for Dedup {
         }
         let key = self.key_of(input)?;
         let t = self.time_of(input)?;
+        if let Some(ts) = input.timestamp.filter(|_| self.time.is_some())
+            && t > ts.saturating_add(self.max_ahead)
+        {
+            return Err(bad(format!(
+                "event time {t} ms is {} s past the record's timestamp, more than \
+                 --dedup-max-ahead",
+                (t - ts) / 1000
+            ))
+            .into());
+        }
         let window = (self.seen.windows().of(t))
             .ok_or_else(|| bad(format!("event time {t} ms is outside years -9999 to 9999")))?;
         if key.len() > self.max_key {
@@ -384,7 +463,8 @@ impl Transform for Dedup {
             .into());
         }
         let verdict = self.seen.decide(&tp, &window, &key);
-        if verdict != Verdict::First {
+        // A record dropped moves the stream time; a bad one (Full) leaves no trace.
+        if matches!(verdict, Verdict::Duplicate | Verdict::Late) {
             self.seen.advance(&tp, t);
         }
         match verdict {
@@ -405,6 +485,17 @@ impl Transform for Dedup {
                         ),
                     ))),
                 }
+            }
+            Verdict::Full => {
+                self.verdict("full");
+                Err(Failure::BadRecord(TransformError::new(
+                    Reason::DedupFull,
+                    format!(
+                        "its window {} holds --dedup-max-keys keys already (partition {})",
+                        self.seen.windows().label(&window),
+                        input.partition
+                    ),
+                )))
             }
             Verdict::First => {
                 self.verdict("first");
@@ -438,6 +529,7 @@ impl Transform for Dedup {
             self.seen.revoked(tp);
             self.owned.remove(tp);
             self.unrestored.remove(tp);
+            self.resume.remove(tp);
             self.behind.remove(&tp.1);
         }
         self.metrics
@@ -449,6 +541,7 @@ impl Transform for Dedup {
     fn committed(&mut self) {
         self.seen.committed();
         self.sent = 0;
+        self.restoring = Duration::ZERO;
         if self.store.is_none() {
             self.pending.clear();
             self.gauges();
@@ -471,6 +564,15 @@ impl Transform for Dedup {
             self.behind.remove(&p);
         }
         self.behind.extend(touched);
+        if let Some(n) = &mut self.crash_before_store
+            && !(batch.keys.is_empty() && batch.stream_times.is_empty())
+        {
+            *n -= 1;
+            if *n == 0 {
+                error!("test: crashing after a commit, before its local store write");
+                std::process::abort();
+            }
+        }
         self.write(&batch);
         self.gauges();
     }
@@ -480,7 +582,10 @@ impl Transform for Dedup {
         self.pending.clear();
         self.marks.clear();
         self.sent = 0;
+        self.restoring = Duration::ZERO;
         if !known {
+            // A restore midway starts over: the state it kept goes below.
+            self.resume.clear();
             // No mark may pass the unit's records before the restore reads them.
             for tp in &self.owned {
                 self.behind.remove(&tp.1);
@@ -550,10 +655,14 @@ mod tests {
 
     const HOUR: i64 = 3_600_000;
 
-    /// A changelog: what committed units wrote to it, by partition; and how many records
-    /// restores read.
+    /// A changelog: what committed units wrote to it, by partition; how many records
+    /// restores read; and after how many records the next read fails (a previous owner's
+    /// transaction holding it back), if it is to.
     #[derive(Clone, Default)]
-    struct Log(Arc<Mutex<(Vec<Entry>, u64)>>);
+    struct Log(Arc<Mutex<Written>>);
+
+    /// The records, how many restores read, after how many the next read fails.
+    type Written = (Vec<Entry>, u64, Option<u64>);
 
     /// A changelog record: partition, key, value.
     type Entry = (i32, Vec<u8>, Vec<u8>);
@@ -580,11 +689,16 @@ mod tests {
             if from as usize > mine.len() {
                 return Err(Unread::OutOfRange(format!("{from} past {}", mine.len())));
             }
-            for (_, k, v) in &mine[from as usize..] {
-                each(Some(k), Some(v));
+            for (i, (_, k, v)) in mine.iter().enumerate().skip(from as usize) {
+                if log.2 == Some(0) {
+                    log.2 = None;
+                    return Err(Unread::Failed(format!("held back at {i}")));
+                }
+                log.2 = log.2.map(|n| n - 1);
+                log.1 += 1;
+                each(i as i64, Some(k), Some(v));
             }
             let records = (mine.len() - from as usize) as u64;
-            log.1 += records;
             Ok(Read {
                 records,
                 end: mine.len() as i64,
@@ -607,6 +721,8 @@ mod tests {
             retention: Duration::from_secs(86_400),
             state_dir: None,
             max_key: 64,
+            max_keys: usize::MAX,
+            max_ahead: 86_400_000,
         }
     }
 
@@ -776,6 +892,149 @@ mod tests {
         match d.apply(&no_key) {
             Err(Failure::BadRecord(e)) => assert_eq!(e.reason, Reason::DedupInput),
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_event_time_far_past_its_records_timestamp_moves_nothing() {
+        let log = Log::default();
+        let limits = crate::transform::Limits {
+            max_output_bytes: 1000,
+            max_outputs: 10,
+        };
+        let at = Jq::compile(".at", false, limits).unwrap();
+        let (source, metrics) = (Box::new(log.clone()), Metrics::new());
+        let mut d = Dedup::new(
+            &config(Late::Dlq),
+            [None, Some(at), None],
+            source,
+            None,
+            metrics,
+        );
+        d.assigned(&[("in".into(), 0)]);
+        let mut at = |key: &'static str, t: i64, ts: i64| {
+            let value = format!(r#"{{"at":{t}}}"#);
+            let mut r: InputRecord<'_> = input(key, ts);
+            r.value = Some(value.as_bytes());
+            d.apply(&r).map(|o| o.len())
+        };
+        // 25 h past its own timestamp: a wrong clock, refused.
+        match at("a", 26 * HOUR, HOUR) {
+            Err(Failure::BadRecord(e)) => {
+                assert_eq!(e.reason, Reason::DedupInput);
+                assert!(e.message.contains("--dedup-max-ahead"), "{}", e.message);
+            }
+            other => panic!("{other:?}"),
+        }
+        // It moved no stream time: today's records are not late.
+        assert_eq!(at("b", 2 * HOUR, 2 * HOUR).unwrap(), 1);
+        // Within the bound (23 h ahead) it is taken.
+        assert_eq!(at("c", 25 * HOUR, 2 * HOUR).unwrap(), 1);
+    }
+
+    #[test]
+    fn a_new_key_for_a_full_window_is_a_bad_record_and_leaves_no_trace() {
+        let log = Log::default();
+        let config = DedupConfig {
+            max_keys: 1,
+            ..config(Late::Dlq)
+        };
+        let (source, metrics) = (Box::new(log.clone()), Metrics::new());
+        let mut d = Dedup::new(&config, [None, None, None], source, None, metrics.clone());
+        d.assigned(&[("in".into(), 0)]);
+        assert_eq!(offer(&mut d, "a", HOUR).unwrap(), 1);
+        match offer(&mut d, "b", 20 * HOUR) {
+            Err(Failure::BadRecord(e)) => assert_eq!(e.reason, Reason::DedupFull),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            offer(&mut d, "a", HOUR).unwrap(),
+            0,
+            "a key held is still known"
+        );
+        assert_eq!(
+            commit(&mut d, &log),
+            2,
+            "a's key and the stream time, nothing of b"
+        );
+        assert_eq!(metrics.state_window_keys_max.get(), 1);
+        assert_eq!(metrics.state_window_keys_limit.get(), 1);
+        // The refused record (at 20 h) moved no stream time.
+        assert_eq!(d.seen.stream_time(&("in".into(), 0)), Some(HOUR));
+        assert_eq!(
+            offer(&mut d, "c", 25 * HOUR).unwrap(),
+            1,
+            "the next day has room"
+        );
+    }
+
+    /// A restore held back midway goes on from where it got, and a unit's restores stop at
+    /// the budget (the rest wait for the next unit).
+    #[test]
+    fn a_restore_that_stops_midway_goes_on_from_where_it_got() {
+        let log = Log::default();
+        let mut d = dedup(&log, Late::Dlq);
+        for (i, key) in ["a", "b", "c", "d"].into_iter().enumerate() {
+            offer(&mut d, key, HOUR * (i as i64 + 1)).unwrap();
+            commit(&mut d, &log);
+        }
+        let total = log.0.lock().unwrap().0.len() as u64;
+        assert_eq!(total, 8, "a key and a stream time a unit");
+        log.0.lock().unwrap().2 = Some(5);
+        let before = log.read_so_far();
+        // Its restore at the assignment stops after 5 records.
+        let mut again = dedup(&log, Late::Dlq);
+        assert_eq!(log.read_so_far() - before, 5);
+        assert_eq!(
+            offer(&mut again, "a", 5 * HOUR).unwrap(),
+            0,
+            "a was read before"
+        );
+        // The first record's restore read the 3 records left, not all 8 again.
+        assert_eq!(log.read_so_far() - before, total);
+        assert_eq!(offer(&mut again, "d", 5 * HOUR).unwrap(), 0, "d after");
+        assert_eq!(offer(&mut again, "e", 5 * HOUR).unwrap(), 1);
+
+        // Past the budget, a restore waits for the next unit without reading.
+        let mut late = dedup(&log, Late::Dlq);
+        late.revoked(&[("in".into(), 0)]);
+        late.restoring = RESTORE_BUDGET;
+        late.assigned(&[("in".into(), 0)]);
+        let read = log.read_so_far();
+        assert!(matches!(
+            offer(&mut late, "a", 5 * HOUR),
+            Err(Failure::Unavailable(_))
+        ));
+        assert_eq!(log.read_so_far(), read);
+        late.dropped(true);
+        assert_eq!(offer(&mut late, "a", 5 * HOUR).unwrap(), 0);
+    }
+
+    /// A restore stopped midway leaves what it read in the store, marked where it got: a
+    /// restart reads on from there, and decides as one that read it all.
+    #[test]
+    fn a_restore_stopped_midway_leaves_the_store_at_where_it_got() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cl.redb");
+        let store = || Some(Box::new(Redb::open(&path).unwrap()) as Box<dyn Store>);
+        let log = Log::default();
+        let mut d = dedup(&log, Late::Dlq);
+        for (i, key) in ["a", "b", "c", "d"].into_iter().enumerate() {
+            offer(&mut d, key, HOUR * (i as i64 + 1)).unwrap();
+            commit(&mut d, &log);
+        }
+        log.0.lock().unwrap().2 = Some(3);
+        let stopped = dedup_with(&log, Late::Dlq, store());
+        drop(stopped);
+        let before = log.read_so_far();
+        let mut again = dedup_with(&log, Late::Dlq, store());
+        assert_eq!(
+            log.read_so_far() - before,
+            5,
+            "the 8 records less the 3 stored"
+        );
+        for (key, want) in [("a", 0), ("b", 0), ("c", 0), ("d", 0), ("e", 1)] {
+            assert_eq!(offer(&mut again, key, 5 * HOUR).unwrap(), want, "{key}");
         }
     }
 

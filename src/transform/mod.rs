@@ -288,11 +288,13 @@ pub enum Reason {
     DedupInput,
     /// The dedup's window for the record had closed (`--dedup-late dlq`).
     Late,
+    /// A new key for a dedup window that holds `--dedup-max-keys` keys already.
+    DedupFull,
 }
 
 impl Reason {
     /// Every reason, so the DLQ counter starts at 0 for each.
-    pub const ALL: [Reason; 10] = [
+    pub const ALL: [Reason; 11] = [
         Reason::NotJson,
         Reason::JqError,
         Reason::OutputTooLarge,
@@ -303,6 +305,7 @@ impl Reason {
         Reason::RouteRefused,
         Reason::DedupInput,
         Reason::Late,
+        Reason::DedupFull,
     ];
 
     /// Stable name, used in the `exactly.error.reason` header.
@@ -318,6 +321,7 @@ impl Reason {
             Reason::RouteRefused => "route_refused",
             Reason::DedupInput => "dedup_input",
             Reason::Late => "late",
+            Reason::DedupFull => "dedup_full",
         }
     }
 }

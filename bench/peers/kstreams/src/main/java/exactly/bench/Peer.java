@@ -102,6 +102,24 @@ public final class Peer {
           StreamsConfig.producerPrefix(ProducerConfig.COMPRESSION_TYPE_CONFIG),
           env("BENCH_COMPRESSION"));
     }
+    // BENCH_STREAMS_CONFIG="k=v;k=v": StreamsConfig entries last (enable.transactional.statestores
+    // on 4.4+); a key this Kafka Streams does not know fails the start instead of a warning.
+    String extra = System.getenv("BENCH_STREAMS_CONFIG");
+    if (extra != null) {
+      for (String kv : extra.split(";")) {
+        if (kv.isBlank()) {
+          continue;
+        }
+        int eq = kv.indexOf('=');
+        String k = eq > 0 ? kv.substring(0, eq).trim() : "";
+        boolean prefixed = k.matches("(main\\.|restore\\.|global\\.)?(consumer|producer|admin)\\..+");
+        if (!prefixed && !StreamsConfig.configDef().names().contains(k)) {
+          throw new IllegalArgumentException("BENCH_STREAMS_CONFIG: unknown here: " + kv);
+        }
+        p.put(k, kv.substring(eq + 1).trim());
+      }
+      System.err.println("BENCH_STREAMS_CONFIG applied: " + extra);
+    }
 
     StreamsBuilder b = new StreamsBuilder();
     KStream<byte[], byte[]> in =
