@@ -373,6 +373,10 @@ impl Settings {
                     ("enable.auto.offset.store", "false".into()),
                     ("auto.offset.reset", "error".into()),
                     ("isolation.level", Isolation::ReadCommitted.as_str().into()),
+                    // A read ends at the partition's end, often a commit marker, which only a
+                    // fetch past it moves the position over: the broker holds such a fetch
+                    // this long (500 ms by default, per partition restored).
+                    ("fetch.wait.max.ms", "10".into()),
                 ]);
                 &self.consumer
             }

@@ -170,7 +170,8 @@ impl Changelog for KafkaChangelog {
                     self.position(partition)
                 )));
             }
-            match self.reader.poll(Duration::from_millis(100)) {
+            // Short: at the tail only markers are left, and the position check below ends it.
+            match self.reader.poll(Duration::from_millis(10)) {
                 Some(Ok(m)) => {
                     each(m.offset(), m.key(), m.payload());
                     read += 1;
