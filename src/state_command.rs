@@ -213,11 +213,12 @@ fn import(a: &ImportArgs) -> Result<String, Error> {
     if a.dry_run {
         return Ok(format!("{summary}\n"));
     }
-    // The changelog as `exactly run` would create it, or checked.
+    // The changelog as `exactly run` would create it with day windows and its default
+    // --dedup-max-ahead (a day, a day ahead, a day's margin), or checked.
     let wanted = crate::state::topic::Wanted {
         changelog: &a.changelog.dedup_changelog,
         input: &a.input_topic,
-        retention: Duration::from_secs(2 * 86_400).saturating_add(a.dedup_grace),
+        retention: Duration::from_secs(3 * 86_400).saturating_add(a.dedup_grace),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

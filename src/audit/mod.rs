@@ -135,6 +135,9 @@ pub struct History {
     /// Input records before the range, from the start of each partition: read only for a
     /// stateful replay (the dedup), never judged.
     pub earlier: Vec<Rec>,
+    /// Input partitions whose start is gone (low watermark above 0: retention), read for a
+    /// stateful replay: topic, partition, low watermark.
+    pub truncated: Vec<(String, i32, i64)>,
     /// Input records in the audited range, read_committed.
     pub inputs: Vec<Rec>,
     /// Audited range per input partition: [start, end).
@@ -203,6 +206,8 @@ pub struct Report {
     pub partitions: Vec<PartitionState>,
     /// The first anomalies, described.
     pub examples: Vec<String>,
+    /// What the audit could not know, which may make anomalies of what is not one.
+    pub caveats: Vec<String>,
 }
 
 impl Report {
@@ -237,7 +242,10 @@ impl Report {
         }
         line(
             "  dropped by the transform",
-            format!("{} (no output, no DLQ record)", self.dropped),
+            match self.replayed {
+                true => format!("{} (no output, no DLQ record)", self.dropped),
+                false => "– (not replayed)".into(),
+            },
         );
         let expected = |n: usize| match self.replayed {
             true => n.to_string(),
@@ -300,6 +308,9 @@ impl Report {
         line("hanging partitions", self.hanging_partitions.to_string());
         for e in &self.examples {
             s.push_str(&format!("  ! {e}\n"));
+        }
+        for c in &self.caveats {
+            s.push_str(&format!("  ? {c}\n"));
         }
         s.push_str(&if self.anomalies() == 0 {
             "result: CLEAN, exactly once\n".to_string()
@@ -466,6 +477,13 @@ pub fn analyze(
     r.pending = expected.pending.len();
     r.dropped = expected.dropped;
     r.replayed_before_range = history.earlier.len();
+    for (topic, partition, low) in &history.truncated {
+        r.caveats.push(format!(
+            "{topic}[{partition}] starts at offset {low} (retention deleted what came before): \
+             keys seen there are unknown to the replay, so a later record of one may look lost \
+             and its output unexpected"
+        ));
+    }
     r.expected_outputs = expected.outputs.len();
     r.expected_dlq = expected.dlq.len();
     let mut seen = Seen::default();
@@ -1087,9 +1105,18 @@ mod tests {
         let r = check_with(&h, replay);
         assert_eq!((r.lost, r.unexpected), (1, 1), "{}", r.summary());
 
-        // Without what came before the range, the a at offset 2 would look lost.
+        // Without what came before the range, the a at offset 2 would look lost: when
+        // retention took it, the report says so beside the anomaly.
         let (mut h, replay) = deduplicated();
         h.earlier.clear();
-        assert_eq!(check_with(&h, replay).lost, 1);
+        h.truncated.push(("in".into(), 0, 1));
+        let r = check_with(&h, replay);
+        assert_eq!(r.lost, 1);
+        assert_eq!(r.caveats.len(), 1);
+        assert!(
+            r.summary().contains("? in[0] starts at offset 1"),
+            "{}",
+            r.summary()
+        );
     }
 }

@@ -92,8 +92,13 @@ pub fn collect(plan: &Plan) -> Result<History, Error> {
             .collect();
         inputs.extend(read_ranges(&r.committed, t, &ranges, plan.timeout)?);
     }
-    let mut earlier = Vec::new();
+    let (mut earlier, mut truncated) = (Vec::new(), Vec::new());
     if plan.earlier {
+        truncated.extend(
+            (lows.iter())
+                .filter(|(_, low)| **low > 0)
+                .map(|((t, p), low)| (t.clone(), *p, *low)),
+        );
         for t in &plan.inputs {
             let ranges: BTreeMap<i32, (i64, i64)> = (range.iter())
                 .filter(|((rt, _), _)| rt == t)
@@ -113,6 +118,7 @@ pub fn collect(plan: &Plan) -> Result<History, Error> {
     }
     Ok(History {
         earlier,
+        truncated,
         inputs,
         range,
         outputs,

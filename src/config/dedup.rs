@@ -104,7 +104,8 @@ pub struct DedupConfig {
     pub late: Late,
     /// The changelog topic.
     pub changelog: String,
-    /// How long the changelog keeps a record: the window, its grace, and a day.
+    /// How long the changelog keeps a record: the window, its grace, how far ahead an event
+    /// time may be, and a day.
     pub retention: Duration,
     /// The local store's directory, if any.
     pub state_dir: Option<std::path::PathBuf>,
@@ -168,8 +169,11 @@ impl DedupArgs {
             time: self.dedup_time,
             late: self.dedup_late,
             changelog,
+            // A changelog record's timestamp is when it was written; its key's window may end
+            // up to --dedup-max-ahead later than that.
             retention: window
                 .saturating_add(self.dedup_grace)
+                .saturating_add(self.dedup_max_ahead)
                 .saturating_add(MARGIN),
             state_dir: state.state_dir,
             max_key: usize::MAX,

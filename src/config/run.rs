@@ -657,7 +657,8 @@ mod tests {
         let c = parse(&["--dedup-window", "1d", "--dedup-time-zone", "Asia/Shanghai"]).unwrap();
         let d = c.dedup.expect("dedup on");
         assert_eq!(d.changelog, "g.dedup-changelog");
-        assert_eq!(d.retention, Duration::from_secs(2 * 86_400));
+        // The window, a day ahead (--dedup-max-ahead), a day's margin.
+        assert_eq!(d.retention, Duration::from_secs(3 * 86_400));
         assert!(parse(&[]).unwrap().dedup.is_none());
         for (extra, flag) in [
             (
