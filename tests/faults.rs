@@ -97,11 +97,7 @@ fn record(i: usize, profile: Profile) -> In {
     };
     if hostile && rejected(i) {
         // Ten days ahead: the output topic takes a day at most, the broker rejects it.
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as i64;
-        r.timestamp = Some(now + 10 * 86_400_000);
+        r.timestamp = Some(now_ms() + 10 * 86_400_000);
     }
     if hostile && i % 500 == 251 {
         r.headers
@@ -110,18 +106,19 @@ fn record(i: usize, profile: Profile) -> In {
     r
 }
 
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
 const HOUR: i64 = 3_600_000;
 /// The dedup scenario's first window: the hour the run started in (its event times stay
 /// within --dedup-max-ahead of the records' timestamps).
 fn dedup_start() -> i64 {
     static START: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
-    *START.get_or_init(|| {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as i64;
-        now / HOUR * HOUR
-    })
+    *START.get_or_init(|| now_ms() / HOUR * HOUR)
 }
 /// Its dedup, as `exactly run` and the audit take it: per device (in the value, and in the
 /// input partition of its records) per hour of the `at` field.

@@ -727,10 +727,20 @@ mod tests {
     }
 
     fn dedup_with(log: &Log, late: Late, store: Option<Box<dyn Store>>) -> Dedup {
+        dedup_of(log, &config(late), [None, None, None], store).0
+    }
+
+    /// A dedup of `config` over `log`, owning partition 0, and its metrics.
+    fn dedup_of(
+        log: &Log,
+        config: &DedupConfig,
+        programs: [Option<Jq>; 3],
+        store: Option<Box<dyn Store>>,
+    ) -> (Dedup, Metrics) {
         let (source, metrics) = (Box::new(log.clone()), Metrics::new());
-        let mut d = Dedup::new(&config(late), [None, None, None], source, store, metrics);
+        let mut d = Dedup::new(config, programs, source, store, metrics.clone());
         d.assigned(&[("in".into(), 0)]);
-        d
+        (d, metrics)
     }
 
     fn dedup(log: &Log, late: Late) -> Dedup {
@@ -903,15 +913,7 @@ mod tests {
             max_outputs: 10,
         };
         let at = Jq::compile(".at", false, limits).unwrap();
-        let (source, metrics) = (Box::new(log.clone()), Metrics::new());
-        let mut d = Dedup::new(
-            &config(Late::Dlq),
-            [None, Some(at), None],
-            source,
-            None,
-            metrics,
-        );
-        d.assigned(&[("in".into(), 0)]);
+        let (mut d, _) = dedup_of(&log, &config(Late::Dlq), [None, Some(at), None], None);
         let mut at = |key: &'static str, t: i64, ts: i64| {
             let value = format!(r#"{{"at":{t}}}"#);
             let mut r: InputRecord<'_> = input(key, ts);
@@ -939,9 +941,7 @@ mod tests {
             max_keys: 1,
             ..config(Late::Dlq)
         };
-        let (source, metrics) = (Box::new(log.clone()), Metrics::new());
-        let mut d = Dedup::new(&config, [None, None, None], source, None, metrics.clone());
-        d.assigned(&[("in".into(), 0)]);
+        let (mut d, metrics) = dedup_of(&log, &config, [None, None, None], None);
         assert_eq!(offer(&mut d, "a", HOUR).unwrap(), 1);
         match offer(&mut d, "b", 20 * HOUR) {
             Err(Failure::BadRecord(e)) => assert_eq!(e.reason, Reason::DedupFull),
