@@ -8,7 +8,7 @@
 # and with --state-dir (the local store, after a clean stop).
 #
 #   bench/dedup.sh [events] [devices]     (default 2,000,000 events, 333,334 devices)
-#   GRACE=1h bench/dedup.sh …             exactly's --dedup-grace (3d: every day stays open, so
+#   GRACE=1h bench/dedup.sh …             exactly's --window-grace (3d: every day stays open, so
 #                                         every key is held at the end; 1h: only the last day)
 #
 # Last, a restart after kill -9 with the local store kept: a tenth more events (a fifth more
@@ -47,7 +47,7 @@ exactly_args() { # group output [extra…]
   echo run --bootstrap-servers "$bootstrap" --input-topics starts --output-topic "$output" \
     --group-id "$group" --instance-id "$group-0" --log-format json --http-addr off \
     --producer-config linger.ms=5 --producer-config batch.size=262144 \
-    --dedup-window 1d --dedup-grace "${GRACE:-3d}" "$@"
+    --window 1d --window-grace "${GRACE:-3d}" "$@"
 }
 
 # The restore of every partition (6) after a restart: seconds from start to the last one.

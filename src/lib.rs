@@ -36,13 +36,15 @@
 //!   revoked, how each unit its records went into ended; a bad record is not an unavailable
 //!   transform), one file per kind: passthrough,
 //!   jq (jaq), the dedup (the first record per key per window, its keys in the transaction and
-//!   a changelog); and [`transform::call`], the call-out's wire format, its
+//!   a changelog; or, with `--aggregate`, count, sum and distinct per group per window on the
+//!   same state); and [`transform::call`], the call-out's wire format, its
 //!   [`transform::call::Application`] seam and HTTP client, and the pure function from a
 //!   record and its answer to outputs.
 //! - [`state`]: state kept exactly once: windows of event time in a time zone, the keys seen
-//!   per window in two layers (the committed cache of the changelog, the open unit's), the
+//!   per window and the groups' totals in two layers (the committed cache of the changelog,
+//!   the open unit's), the
 //!   changelog's record format, its topic (created or checked at start) and its restore.
-//!   The transform that uses it is [`transform::dedup`] (`--dedup-window`).
+//!   The transform that uses it is [`transform::dedup`] (`--window`).
 //! - [`records`]: what goes out for one input (outputs with headers, or its DLQ copy), checked
 //!   against the producer's size limit; shared by the pipeline and the audit's replay.
 //! - [`headers`]: the lineage header on every output and the reason headers on DLQ records.
@@ -124,7 +126,7 @@ async fn dedup_intake(
         }
     };
     let config::Input::Topics(topics) = &config.group.input else {
-        return Err(Error::Config("--dedup-window: needs --input-topics".into()));
+        return Err(Error::Config("--window: needs --input-topics".into()));
     };
     let input = topics.first().map(String::as_str).unwrap_or_default();
     let wanted = state::topic::Wanted {
@@ -134,7 +136,7 @@ async fn dedup_intake(
     };
     state::topic::ensure(&config.kafka, &wanted, config.sink.startup_timeout)
         .await
-        .map_err(|e| Error::Startup(format!("--dedup-changelog: {e}")))?;
+        .map_err(|e| Error::Startup(format!("--state-changelog: {e}")))?;
     let source = state::restore::KafkaChangelog::new(
         &config.kafka,
         &dedup.changelog,

@@ -63,7 +63,8 @@ pub struct Metrics {
     pub call_records: Histogram,
     /// Calls out now.
     pub calls_in_flight: IntGauge,
-    /// The dedup's decisions, by verdict (first, duplicate, late), aborted units' too.
+    /// The dedup's decisions, by verdict (first, duplicate, late, full; aggregated: a record
+    /// the aggregates took), aborted units' too.
     pub dedup_records: IntCounterVec,
     /// Keys held in the dedup's committed state.
     pub state_keys: IntGauge,
@@ -71,7 +72,7 @@ pub struct Metrics {
     pub state_windows: IntGauge,
     /// Keys in the fullest window of one partition.
     pub state_window_keys_max: IntGauge,
-    /// The most keys a window of one partition takes (`--dedup-max-keys`).
+    /// The most keys a window of one partition takes (`--window-max-keys`).
     pub state_window_keys_limit: IntGauge,
     /// Owned partitions whose state is not restored yet.
     pub state_restoring: IntGauge,
@@ -295,7 +296,7 @@ impl Metrics {
             ),
             state_window_keys_limit: gauge(
                 "state_window_keys_limit",
-                "The most keys a dedup window of one partition takes (--dedup-max-keys).",
+                "The most keys a dedup window of one partition takes (--window-max-keys).",
             ),
             state_restoring: gauge(
                 "state_restoring_partitions",
@@ -313,7 +314,7 @@ impl Metrics {
             registry,
             catalog: Vec::new(),
         };
-        for verdict in ["first", "duplicate", "late", "full"] {
+        for verdict in ["first", "duplicate", "late", "full", "aggregated"] {
             metrics.dedup_records.with_label_values(&[verdict]);
         }
         metrics.catalog = catalog.into_inner();

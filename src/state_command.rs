@@ -49,7 +49,7 @@ fn partitions(kafka: &Settings, topic: &str, timeout: Duration) -> Result<i32, E
 /// Every window the changelog holds `--key` in.
 fn show(a: &ShowArgs) -> Result<String, Error> {
     let kafka = a.changelog.resolve()?;
-    let topic = &a.changelog.dedup_changelog;
+    let topic = &a.changelog.state_changelog;
     let n = partitions(&kafka, topic, a.changelog.timeout)?;
     let mut reader =
         KafkaChangelog::new(&kafka, topic, a.changelog.timeout, CancellationToken::new())
@@ -157,12 +157,12 @@ fn partition_of(key: &[u8], n: i32, partitioner: Partitioner) -> i32 {
 /// Loads the sets into the changelog.
 fn import(a: &ImportArgs) -> Result<String, Error> {
     let prefix = a.prefix()?.to_string();
-    let tz = jiff::tz::TimeZone::get(&a.dedup_time_zone)
-        .map_err(|e| Error::Config(format!("--dedup-time-zone: '{}': {e}", a.dedup_time_zone)))?;
+    let tz = jiff::tz::TimeZone::get(&a.window_time_zone)
+        .map_err(|e| Error::Config(format!("--window-time-zone: '{}': {e}", a.window_time_zone)))?;
     let kafka = a.changelog.resolve()?;
     let timeout = a.changelog.timeout;
     let n = partitions(&kafka, &a.input_topic, timeout)?;
-    let windows = Windows::new(Size::Days(1), tz.clone(), a.dedup_grace);
+    let windows = Windows::new(Size::Days(1), tz.clone(), a.window_grace);
 
     let client = redis::Client::open(a.redis_url.as_str())
         .map_err(|e| Error::Config(format!("--redis-url: {e}")))?;
@@ -209,16 +209,16 @@ fn import(a: &ImportArgs) -> Result<String, Error> {
         *by_partition.entry(*p).or_insert(0u64) += 1;
     }
     let summary = json!({"sets": sets, "keys": plan.len(), "by_partition": by_partition,
-                         "changelog": a.changelog.dedup_changelog, "written": !a.dry_run});
+                         "changelog": a.changelog.state_changelog, "written": !a.dry_run});
     if a.dry_run {
         return Ok(format!("{summary}\n"));
     }
     // The changelog as `exactly run` would create it with day windows and its default
-    // --dedup-max-ahead (a day, a day ahead, a day's margin), or checked.
+    // --window-max-ahead (a day, a day ahead, a day's margin), or checked.
     let wanted = crate::state::topic::Wanted {
-        changelog: &a.changelog.dedup_changelog,
+        changelog: &a.changelog.state_changelog,
         input: &a.input_topic,
-        retention: Duration::from_secs(3 * 86_400).saturating_add(a.dedup_grace),
+        retention: Duration::from_secs(3 * 86_400).saturating_add(a.window_grace),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -226,14 +226,14 @@ fn import(a: &ImportArgs) -> Result<String, Error> {
         .map_err(|e| Error::Startup(e.to_string()))?;
     runtime
         .block_on(crate::state::topic::ensure(&kafka, &wanted, timeout))
-        .map_err(|e| Error::Startup(format!("--dedup-changelog: {e}")))?;
+        .map_err(|e| Error::Startup(format!("--state-changelog: {e}")))?;
     let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = kafka
         .to_rdkafka(Role::Idempotent)
         .create()
         .map_err(|e| Error::Startup(format!("a producer: {e}")))?;
     for (p, change) in &plan {
         let (key, value) = encode(change);
-        let mut record = BaseRecord::to(&a.changelog.dedup_changelog)
+        let mut record = BaseRecord::to(&a.changelog.state_changelog)
             .partition(*p)
             .key(&key)
             .payload(&value);

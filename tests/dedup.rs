@@ -1,4 +1,4 @@
-//! The dedup against the real broker (`--dedup-window`, issue 24): the seed's daily active
+//! The dedup against the real broker (`--window`, issue 24): the seed's daily active
 //! users, the first start-up event per device per day, exactly once across kill -9.
 //!
 //! Every check reads the outputs read_committed and finds each output's input through the
@@ -65,9 +65,9 @@ fn args(topics: &Topics, group: &str, instance: &str) -> Vec<String> {
     let mut a = base_args(topics, group, instance);
     a.extend(
         [
-            "--dedup-window",
+            "--window",
             "1d",
-            "--dedup-grace",
+            "--window-grace",
             "3d",
             "--max-records-per-txn",
             "200",
@@ -75,6 +75,20 @@ fn args(topics: &Topics, group: &str, instance: &str) -> Vec<String> {
         .map(String::from),
     );
     a
+}
+
+/// Waits until `at_least` records of `topics.input` are committed by `group`, while `ex` runs.
+fn committed_past(ex: &mut Exactly, group: &str, topics: &Topics, at_least: i64) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while committed_total(group, &topics.input) < at_least {
+        assert!(!ex.has_exited(), "exactly stopped: {}", ex.log_text());
+        assert!(
+            Instant::now() < deadline,
+            "{at_least} never committed: {}",
+            ex.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -87,16 +101,7 @@ fn the_first_startup_per_device_per_day_goes_on_exactly_once_across_kill_9() {
 
     // Killed once part of the input is committed, the state in memory lost with it.
     let mut ex = Exactly::start(&args(&topics, &group, "dedup-0"));
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while committed_total(&group, &topics.input) < total / 3 {
-        assert!(!ex.has_exited(), "exactly stopped: {}", ex.log_text());
-        assert!(
-            Instant::now() < deadline,
-            "nothing committed: {}",
-            ex.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    committed_past(&mut ex, &group, &topics, total / 3);
     ex.kill9();
     assert!(
         committed_total(&group, &topics.input) < total,
@@ -144,7 +149,7 @@ fn the_first_startup_per_device_per_day_goes_on_exactly_once_across_kill_9() {
         a.extend(dedup);
         audit_of(&topics, &group, &a)
     };
-    let (code, report) = audit(&["--dedup-window", "1d", "--dedup-grace", "3d"]);
+    let (code, report) = audit(&["--window", "1d", "--window-grace", "3d"]);
     assert_eq!(code, 0, "{report:#}");
     assert!(
         report["replayed_before_range"].as_u64() > Some(0),
@@ -177,16 +182,7 @@ fn partitions_moving_between_two_instances_keep_each_device_once_per_day() {
         a
     };
     let mut first = Exactly::start(&with_aborts("dedup-a"));
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while committed_total(&group, &topics.input) < total / 4 {
-        assert!(!first.has_exited(), "exactly stopped: {}", first.log_text());
-        assert!(
-            Instant::now() < deadline,
-            "nothing committed: {}",
-            first.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    committed_past(&mut first, &group, &topics, total / 4);
     let mut second = Exactly::start(&with_aborts("dedup-b"));
     second.wait_log("its share restored", Duration::from_secs(60), |ex| {
         ex.log_text().contains("dedup state restored")
@@ -221,19 +217,19 @@ fn a_changelog_with_other_partitions_or_policy_stops_start_up_naming_it() {
     let wrong_count = unique("dedup-cl-2");
     create_topics(&[(&wrong_count, 2)]);
     let mut a = args(&topics, &group, "dedup-bad");
-    a.extend(["--dedup-changelog", &wrong_count].map(String::from));
+    a.extend(["--state-changelog", &wrong_count].map(String::from));
     let mut ex = Exactly::start(&a);
     assert!(!ex.wait(Duration::from_secs(60)).success());
     let log = ex.log_text();
     assert!(
-        log.contains("--dedup-changelog") && log.contains("has 2 partitions"),
+        log.contains("--state-changelog") && log.contains("has 2 partitions"),
         "{log}"
     );
     // A plain topic (cleanup.policy=delete) of the right size: never compacted.
     let plain = unique("dedup-cl-plain");
     create_topics(&[(&plain, 3)]);
     let mut a = args(&topics, &group, "dedup-bad");
-    a.extend(["--dedup-changelog", &plain].map(String::from));
+    a.extend(["--state-changelog", &plain].map(String::from));
     let mut ex = Exactly::start(&a);
     assert!(!ex.wait(Duration::from_secs(60)).success());
     let log = ex.log_text();
@@ -313,22 +309,15 @@ fn a_restart_with_its_local_store_reads_only_the_changelog_after_the_store() {
     a.extend(["--state-dir".to_string(), dir.display().to_string()]);
     let events = startups(200, 2, 4, 2);
     let (first, rest) = events.split_at(events.len() / 2);
-    let committed_past = |n: usize| {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while committed_total(&group, &topics.input) < n as i64 {
-            assert!(Instant::now() < deadline, "{n} never committed");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    };
     let mut ex = Exactly::start(&a);
     produce(&topics.input, first);
-    committed_past(first.len());
+    committed_past(&mut ex, &group, &topics, first.len() as i64);
     // A commit after the checkpoint interval (10 s) moves the store's marks.
     std::thread::sleep(Duration::from_secs(11));
     produce(&topics.input, &rest[..10]);
-    committed_past(first.len() + 10);
+    committed_past(&mut ex, &group, &topics, (first.len() + 10) as i64);
     produce(&topics.input, &rest[10..20]);
-    committed_past(first.len() + 20);
+    committed_past(&mut ex, &group, &topics, (first.len() + 20) as i64);
     ex.kill9();
 
     let mut again = Exactly::start(&a);
@@ -441,7 +430,7 @@ fn the_seeds_redis_sets_imported_keep_their_devices_out_of_the_day() {
             .args([
                 "--bootstrap-servers",
                 &bootstrap(),
-                "--dedup-changelog",
+                "--state-changelog",
                 &changelog,
             ])
             .env("EXACTLY_REDIS_URL", &url)
@@ -464,7 +453,7 @@ fn the_seeds_redis_sets_imported_keep_their_devices_out_of_the_day() {
         &pattern,
         "--partitioner",
         "crc32",
-        "--dedup-grace",
+        "--window-grace",
         "3d",
     ]);
     assert!(imported.contains(r#""keys":2"#), "{imported}");
@@ -496,4 +485,115 @@ fn the_seeds_redis_sets_imported_keep_their_devices_out_of_the_day() {
     let shown = state(&["show", "--key", "dev-0"]);
     assert!(shown.contains(&format!("{date}T00:00:00Z")), "{shown}");
     assert_eq!(shown.lines().count(), 1, "{shown}");
+}
+
+/// Windowed aggregates (`--aggregate`): per shop per hour, the records, the sum of their
+/// amounts and the distinct users, each window given once when it closes, across kill -9.
+/// The totals are worked out here from the input, apart from exactly.
+#[test]
+fn windowed_totals_come_out_once_per_window_and_group_across_kill_9() {
+    const HOUR: i64 = 3_600_000;
+    let topics = Topics::create("aggregate", 3, 3);
+    let group = unique("aggregate-g");
+    let t0 = start();
+    // 12 shops, 3 hours, 20 sales each per hour, in time order; shop s in partition s % 3.
+    let mut events = Vec::new();
+    let mut want: BTreeMap<(i64, String), (u64, i64, BTreeSet<String>)> = BTreeMap::new();
+    for i in 0..3 * 20 {
+        for s in 0..12 {
+            let t = t0 + i * HOUR / 20 + s;
+            let (shop, amount, user) = (
+                format!("shop-{s}"),
+                (i * 7 + s) % 13,
+                format!("u{}", (i + s) % 5),
+            );
+            let mut r = In::json(
+                s as i32 % 3,
+                &shop,
+                serde_json::json!({"shop": shop, "amount": amount, "user": user}),
+            );
+            r.timestamp = Some(t);
+            events.push(r);
+            let w = want.entry(((t - t0) / HOUR * HOUR + t0, shop)).or_default();
+            w.0 += 1;
+            w.1 += amount;
+            w.2.insert(user);
+        }
+    }
+    // A record a day on in each partition closes the last hour (its own window never closes).
+    for p in 0..3 {
+        let mut r = In::json(
+            p,
+            &format!("end-{p}"),
+            serde_json::json!({"amount": 0, "user": "x"}),
+        );
+        r.timestamp = Some(t0 + 24 * HOUR);
+        events.push(r);
+    }
+    let total = events.len() as i64;
+    produce(&topics.input, &events);
+    let flags = [
+        "--window",
+        "1h",
+        "--window-grace",
+        "5m",
+        "--aggregate",
+        "count,sum,distinct",
+        "--aggregate-sum",
+        ".amount",
+        "--aggregate-distinct",
+        ".user",
+        "--aggregate-emit",
+        "final",
+    ];
+    let args = || {
+        let mut a = base_args(&topics, &group, "aggregate-0");
+        a.extend(flags.map(String::from));
+        a.extend(["--max-records-per-txn", "100"].map(String::from));
+        a
+    };
+    let mut ex = Exactly::start(&args());
+    committed_past(&mut ex, &group, &topics, total / 3);
+    ex.kill9();
+    assert!(
+        committed_total(&group, &topics.input) < total,
+        "killed too late to matter"
+    );
+    let mut again = Exactly::start(&args());
+    wait_all_committed(&group, &topics.input, Duration::from_secs(180));
+    assert!(again.log_text().contains("dedup state restored"));
+    again.stop_cleanly();
+
+    let mut got: BTreeMap<(i64, String), (u64, i64, BTreeSet<String>)> = BTreeMap::new();
+    let outputs = read_all(&topics.output, "read_committed");
+    for o in &outputs {
+        let v = o.json();
+        let key = (
+            v["start"].as_i64().unwrap(),
+            v["group"].as_str().unwrap().to_owned(),
+        );
+        let expected = &want[&key];
+        assert_eq!(v["distinct"], expected.2.len(), "{v}");
+        let totals = (
+            v["count"].as_u64().unwrap(),
+            v["sum"].as_i64().unwrap(),
+            expected.2.clone(),
+        );
+        assert!(got.insert(key, totals).is_none(), "given twice: {v}");
+        let k: serde_json::Value = serde_json::from_slice(o.key.as_deref().unwrap()).unwrap();
+        assert_eq!(k[1], v["group"], "keyed by window and group");
+    }
+    assert_eq!(got, want, "every (hour, shop) once, with its totals");
+    assert!(read_all(&topics.dlq, "read_committed").is_empty());
+    // The audit replays the aggregate: every output is the one its input gives.
+    let (code, report) = audit_of(&topics, &group, &flags);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["outputs"], outputs.len(), "{report:#}");
+    let (code, without) = audit_of(&topics, &group, &[]);
+    assert_ne!(code, 0, "{without:#}");
+    // Replayed with other sums, the same outputs are wrong ones.
+    let mut other = flags;
+    other[7] = ".amount * 2";
+    let (code, wrong) = audit_of(&topics, &group, &other);
+    assert_ne!(code, 0, "{wrong:#}");
 }

@@ -115,7 +115,7 @@ fn now_ms() -> i64 {
 
 const HOUR: i64 = 3_600_000;
 /// The dedup scenario's first window: the hour the run started in (its event times stay
-/// within --dedup-max-ahead of the records' timestamps).
+/// within --window-max-ahead of the records' timestamps).
 fn dedup_start() -> i64 {
     static START: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
     *START.get_or_init(|| now_ms() / HOUR * HOUR)
@@ -123,12 +123,12 @@ fn dedup_start() -> i64 {
 /// Its dedup, as `exactly run` and the audit take it: per device (in the value, and in the
 /// input partition of its records) per hour of the `at` field.
 const DEDUP: [&str; 7] = [
-    "--dedup-window",
+    "--window",
     "1h",
-    "--dedup-key",
+    "--window-key",
     ".dev",
-    "--dedup-key-partitioned",
-    "--dedup-time",
+    "--window-key-partitioned",
+    "--window-time",
     ".at",
 ];
 

@@ -1048,6 +1048,7 @@ mod tests {
             max_key: 100,
             max_keys: 100,
             max_ahead: 86_400_000,
+            aggregate: None,
         };
         let transform = crate::config::TransformConfig {
             spec: TransformSpec::Passthrough,

@@ -179,7 +179,7 @@ impl AuditArgs {
         }
         if dedup.is_some() && matches!(transform.spec, super::TransformSpec::Call(_)) {
             return Err(Error::Config(
-                "--dedup-window: not with --call-url (exactly run refuses it too)".into(),
+                "--window: not with --call-url (exactly run refuses it too)".into(),
             ));
         }
         let dlq = match (self.dlq_topic, on_error) {

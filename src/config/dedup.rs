@@ -1,4 +1,4 @@
-//! `exactly run --dedup-window`: the first record of each key per window of event time, with
+//! `exactly run --window`: the first record of each key per window of event time, with
 //! the keys seen kept exactly once in a changelog topic (`state`, `transform::dedup`).
 
 use std::time::Duration;
@@ -26,53 +26,189 @@ pub struct DedupArgs {
     /// Keep only the first record of each key per window of event time (the seed's daily
     /// active users: 1d); later ones are dropped and counted. The keys seen are kept exactly
     /// once, in a changelog topic written in the same transaction (README, "Deduplication").
-    #[arg(long, env = "EXACTLY_DEDUP_WINDOW", value_name = "DURATION", value_parser = parse_duration)]
-    pub dedup_window: Option<Duration>,
+    #[arg(long, alias = "dedup-window", env = "EXACTLY_WINDOW", value_name = "DURATION", value_parser = parse_duration)]
+    pub window: Option<Duration>,
 
     /// jq expression for the key [default: the Kafka key]: a string's text, else the JSON
-    /// text of what it yields. Needs --dedup-key-partitioned.
-    #[arg(long, env = "EXACTLY_DEDUP_KEY", value_name = "PROGRAM")]
-    pub dedup_key: Option<String>,
+    /// text of what it yields. Needs --window-key-partitioned.
+    #[arg(
+        long,
+        alias = "dedup-key",
+        env = "EXACTLY_WINDOW_KEY",
+        value_name = "PROGRAM"
+    )]
+    pub window_key: Option<String>,
 
-    /// Every record of one --dedup-key value is in one input partition (the input topic is
+    /// Every record of one --window-key value is in one input partition (the input topic is
     /// keyed by it). Dedup is only right then; otherwise re-key first (README).
-    #[arg(long, env = "EXACTLY_DEDUP_KEY_PARTITIONED")]
-    pub dedup_key_partitioned: bool,
+    #[arg(
+        long,
+        alias = "dedup-key-partitioned",
+        env = "EXACTLY_WINDOW_KEY_PARTITIONED"
+    )]
+    pub window_key_partitioned: bool,
 
     /// jq expression for the event time: milliseconds since the epoch, or an RFC 3339 string
     /// [default: the record's timestamp].
-    #[arg(long, env = "EXACTLY_DEDUP_TIME", value_name = "PROGRAM")]
-    pub dedup_time: Option<String>,
+    #[arg(
+        long,
+        alias = "dedup-time",
+        env = "EXACTLY_WINDOW_TIME",
+        value_name = "PROGRAM"
+    )]
+    pub window_time: Option<String>,
 
     /// Time zone of windows of whole days (an IANA name): a day is a local day there.
     #[arg(
         long,
-        env = "EXACTLY_DEDUP_TIME_ZONE",
+        alias = "dedup-time-zone",
+        env = "EXACTLY_WINDOW_TIME_ZONE",
         value_name = "TZ",
         default_value = "UTC"
     )]
-    pub dedup_time_zone: String,
+    pub window_time_zone: String,
 
     /// How long after its end a window still takes records.
-    #[arg(long, env = "EXACTLY_DEDUP_GRACE", value_name = "DURATION", default_value = "0s", value_parser = parse_duration)]
-    pub dedup_grace: Duration,
+    #[arg(long, alias = "dedup-grace", env = "EXACTLY_WINDOW_GRACE", value_name = "DURATION", default_value = "0s", value_parser = parse_duration)]
+    pub window_grace: Duration,
 
     /// A record for a window that closed (its end + grace at or before the partition's
     /// latest event time).
-    #[arg(long, env = "EXACTLY_DEDUP_LATE", value_enum, default_value_t = Late::Dlq)]
-    pub dedup_late: Late,
+    #[arg(long, alias = "dedup-late", env = "EXACTLY_WINDOW_LATE", value_enum, default_value_t = Late::Dlq)]
+    pub window_late: Late,
 
     /// The most keys one window of one input partition holds: a new key past it is a bad
     /// record (reason `dedup_full`, by --on-error) and the ExactlyDedupWindowFull alert
     /// fires, instead of the state growing without bound.
-    #[arg(long, env = "EXACTLY_DEDUP_MAX_KEYS", value_name = "N", default_value_t = 5_000_000, value_parser = clap::value_parser!(u64).range(1..))]
-    pub dedup_max_keys: u64,
+    #[arg(long, alias = "dedup-max-keys", env = "EXACTLY_WINDOW_MAX_KEYS", value_name = "N", default_value_t = 5_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub window_max_keys: u64,
 
-    /// With --dedup-time: an event time further than this past the record's own timestamp is
+    /// With --window-time: an event time further than this past the record's own timestamp is
     /// a bad record (reason `dedup_input`), so one wrong clock cannot move the stream time
     /// ahead and make every later record late.
-    #[arg(long, env = "EXACTLY_DEDUP_MAX_AHEAD", value_name = "DURATION", default_value = "1d", value_parser = parse_duration)]
-    pub dedup_max_ahead: Duration,
+    #[arg(long, alias = "dedup-max-ahead", env = "EXACTLY_WINDOW_MAX_AHEAD", value_name = "DURATION", default_value = "1d", value_parser = parse_duration)]
+    pub window_max_ahead: Duration,
+
+    /// Windowed aggregates instead of the dedup.
+    #[command(flatten)]
+    pub aggregate: AggregateArgs,
+}
+
+/// What the windowed stage computes per window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Measure {
+    /// Records per group.
+    Count,
+    /// The sum of --aggregate-sum's numbers per group.
+    Sum,
+    /// Distinct --aggregate-distinct values per group, counted exactly.
+    Distinct,
+}
+
+/// When an aggregate is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Emit {
+    /// Each record writes its group's new totals: an upsert stream keyed by window and group.
+    Updates,
+    /// Each group's totals once, when its window closes (end + grace passed by the
+    /// partition's latest event time).
+    Final,
+}
+
+/// The windowed aggregates' options (`--aggregate`).
+#[derive(Clone, Debug, Args)]
+pub struct AggregateArgs {
+    /// Aggregate per --window-key group per --window instead of deduplicating: a list of
+    /// count, sum, distinct (README, "Windowed aggregates").
+    #[arg(
+        long,
+        env = "EXACTLY_AGGREGATE",
+        value_enum,
+        value_delimiter = ',',
+        value_name = "MEASURES"
+    )]
+    pub aggregate: Vec<Measure>,
+
+    /// jq expression for the number --aggregate sum adds up (null: the record adds nothing).
+    #[arg(long, env = "EXACTLY_AGGREGATE_SUM", value_name = "PROGRAM")]
+    pub aggregate_sum: Option<String>,
+
+    /// jq expression for the value --aggregate distinct counts (a string's text, else its
+    /// JSON text; null: the record adds nothing).
+    #[arg(long, env = "EXACTLY_AGGREGATE_DISTINCT", value_name = "PROGRAM")]
+    pub aggregate_distinct: Option<String>,
+
+    /// When aggregates are written.
+    #[arg(long, env = "EXACTLY_AGGREGATE_EMIT", value_enum, default_value_t = Emit::Updates)]
+    pub aggregate_emit: Emit,
+}
+
+/// The resolved aggregate configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AggregateConfig {
+    /// Whether the count is written.
+    pub count: bool,
+    /// The sum's jq expression, if summed.
+    pub sum: Option<String>,
+    /// The distinct value's jq expression, if counted.
+    pub distinct: Option<String>,
+    /// When.
+    pub emit: Emit,
+}
+
+impl AggregateArgs {
+    /// `None` without --aggregate; `windowed`: whether --window is given.
+    fn resolve(self, windowed: bool) -> Result<Option<AggregateConfig>, Error> {
+        if self.aggregate.is_empty() {
+            let set = [
+                ("--aggregate-sum", self.aggregate_sum.is_some()),
+                ("--aggregate-distinct", self.aggregate_distinct.is_some()),
+            ];
+            if let Some((flag, _)) = set.iter().find(|(_, on)| *on) {
+                return Err(Error::Config(format!("{flag}: needs --aggregate")));
+            }
+            return Ok(None);
+        }
+        if !windowed {
+            return Err(Error::Config("--aggregate: needs --window".into()));
+        }
+        let has = |m| self.aggregate.contains(&m);
+        for (measure, flag, program) in [
+            (Measure::Sum, "--aggregate-sum", &self.aggregate_sum),
+            (
+                Measure::Distinct,
+                "--aggregate-distinct",
+                &self.aggregate_distinct,
+            ),
+        ] {
+            let name = measure.to_possible_value().map(|v| v.get_name().to_owned());
+            let name = name.unwrap_or_default();
+            match (has(measure), program.is_some()) {
+                (true, false) => {
+                    return Err(Error::Config(format!(
+                        "--aggregate: {name} needs {flag} (what to {})",
+                        if measure == Measure::Sum {
+                            "add up"
+                        } else {
+                            "count"
+                        }
+                    )));
+                }
+                (false, true) => {
+                    return Err(Error::Config(format!(
+                        "{flag}: --aggregate does not list {name}"
+                    )));
+                }
+                _ => {}
+            }
+        }
+        Ok(Some(AggregateConfig {
+            count: has(Measure::Count),
+            sum: self.aggregate_sum,
+            distinct: self.aggregate_distinct,
+            emit: self.aggregate_emit,
+        }))
+    }
 }
 
 /// Where `exactly run`'s dedup keeps its state (not the audit's: it replays in memory).
@@ -81,8 +217,13 @@ pub struct DedupStateArgs {
     /// The changelog topic of the keys seen [default: <group-id>.dedup-changelog]; created
     /// at start when missing (one partition per input partition, compact,delete), checked
     /// when present.
-    #[arg(long, env = "EXACTLY_DEDUP_CHANGELOG", value_name = "TOPIC")]
-    pub dedup_changelog: Option<String>,
+    #[arg(
+        long,
+        alias = "dedup-changelog",
+        env = "EXACTLY_STATE_CHANGELOG",
+        value_name = "TOPIC"
+    )]
+    pub state_changelog: Option<String>,
 
     /// Keep the dedup's committed keys in a local store in this directory (created if
     /// missing), so a restart reads only the changelog's records since the store's last
@@ -115,6 +256,8 @@ pub struct DedupConfig {
     pub max_keys: usize,
     /// How far past the record's timestamp an event time may be, in ms.
     pub max_ahead: i64,
+    /// Aggregates instead of the dedup (`--aggregate`).
+    pub aggregate: Option<AggregateConfig>,
 }
 
 /// A day, the margin the changelog keeps records past their window's close.
@@ -129,56 +272,80 @@ impl DedupConfig {
 }
 
 impl DedupArgs {
-    /// `None` without --dedup-window. `group`: the default changelog's prefix.
+    /// `None` without --window. `group`: the default changelog's prefix.
     pub fn resolve(self, state: DedupStateArgs, group: &str) -> Result<Option<DedupConfig>, Error> {
-        let Some(window) = self.dedup_window else {
+        let aggregate = self.aggregate.resolve(self.window.is_some())?;
+        let Some(window) = self.window else {
             let set = [
-                ("--dedup-key", self.dedup_key.is_some()),
-                ("--dedup-time", self.dedup_time.is_some()),
-                ("--dedup-changelog", state.dedup_changelog.is_some()),
-                ("--dedup-key-partitioned", self.dedup_key_partitioned),
+                ("--window-key", self.window_key.is_some()),
+                ("--window-time", self.window_time.is_some()),
+                ("--state-changelog", state.state_changelog.is_some()),
+                ("--window-key-partitioned", self.window_key_partitioned),
                 ("--state-dir", state.state_dir.is_some()),
             ];
             if let Some((flag, _)) = set.iter().find(|(_, on)| *on) {
-                return Err(Error::Config(format!("{flag}: needs --dedup-window")));
+                return Err(Error::Config(format!("{flag}: needs --window")));
             }
             return Ok(None);
         };
-        let size = Size::of(window).map_err(|e| Error::Config(format!("--dedup-window: {e}")))?;
-        let tz = jiff::tz::TimeZone::get(&self.dedup_time_zone).map_err(|e| {
+        let size = Size::of(window).map_err(|e| Error::Config(format!("--window: {e}")))?;
+        let tz = jiff::tz::TimeZone::get(&self.window_time_zone).map_err(|e| {
             Error::Config(format!(
-                "--dedup-time-zone: '{}' is no time zone: {e}",
-                self.dedup_time_zone
+                "--window-time-zone: '{}' is no time zone: {e}",
+                self.window_time_zone
             ))
         })?;
-        if self.dedup_key.is_some() && !self.dedup_key_partitioned {
+        if self.window_key.is_some() && !self.window_key_partitioned {
             return Err(Error::Config(
-                "--dedup-key: dedup is only right when every record of a key is in one input \
-                 partition; say so with --dedup-key-partitioned, or re-key the input by it \
-                 first (README, \"Deduplication\")"
+                "--window-key: a window's state is only right when every record of a key is in \
+                 one input partition; say so with --window-key-partitioned, or re-key the input \
+                 by it first (README, \"Deduplication\")"
                     .into(),
             ));
         }
+        if aggregate.is_some() {
+            if self.window_late == Late::Pass {
+                return Err(Error::Config(
+                    "--window-late: pass is for the dedup; a late record has no aggregate to \
+                     go into (dlq or drop)"
+                        .into(),
+                ));
+            }
+            if state.state_dir.is_some() {
+                return Err(Error::Config(
+                    "--state-dir: not with --aggregate yet (its state is restored from the \
+                     changelog alone)"
+                        .into(),
+                ));
+            }
+        }
+        // Each mode its own changelog: one's records are not the other's state.
+        let kind = if aggregate.is_some() {
+            "aggregate"
+        } else {
+            "dedup"
+        };
         let changelog = state
-            .dedup_changelog
-            .unwrap_or_else(|| format!("{group}.dedup-changelog"));
-        super::check_topic_name("--dedup-changelog", &changelog)?;
+            .state_changelog
+            .unwrap_or_else(|| format!("{group}.{kind}-changelog"));
+        super::check_topic_name("--state-changelog", &changelog)?;
         Ok(Some(DedupConfig {
-            windows: Windows::new(size, tz, self.dedup_grace),
-            key: self.dedup_key,
-            time: self.dedup_time,
-            late: self.dedup_late,
+            windows: Windows::new(size, tz, self.window_grace),
+            key: self.window_key,
+            time: self.window_time,
+            late: self.window_late,
             changelog,
             // A changelog record's timestamp is when it was written; its key's window may end
-            // up to --dedup-max-ahead later than that.
+            // up to --window-max-ahead later than that.
             retention: window
-                .saturating_add(self.dedup_grace)
-                .saturating_add(self.dedup_max_ahead)
+                .saturating_add(self.window_grace)
+                .saturating_add(self.window_max_ahead)
                 .saturating_add(MARGIN),
             state_dir: state.state_dir,
             max_key: usize::MAX,
-            max_keys: usize::try_from(self.dedup_max_keys).unwrap_or(usize::MAX),
-            max_ahead: i64::try_from(self.dedup_max_ahead.as_millis()).unwrap_or(i64::MAX),
+            max_keys: usize::try_from(self.window_max_keys).unwrap_or(usize::MAX),
+            max_ahead: i64::try_from(self.window_max_ahead.as_millis()).unwrap_or(i64::MAX),
+            aggregate,
         }))
     }
 }

@@ -25,7 +25,7 @@ use crate::error::Error;
 use crate::kafka::{REDACTED, is_secret};
 
 pub use audit::{AuditArgs, AuditConfig, Bound, Plan};
-pub use dedup::{DedupArgs, DedupConfig, DedupStateArgs, Late};
+pub use dedup::{AggregateConfig, DedupArgs, DedupConfig, DedupStateArgs, Emit, Late};
 pub use run::{
     CommitPolicy, Config, ErrorPolicy, GroupConfig, Guarantee, Input, RunArgs, SinkConfig,
     TestAborts, TestSwitches,
@@ -58,7 +58,7 @@ pub enum Command {
     /// (Redis, MySQL, files), export them back. Exit 0: done; 2: bad options or a validation
     /// error; 3: could not complete.
     Offsets(Box<offsets::OffsetsArgs>),
-    /// The dedup's state (`--dedup-window`): one key's windows, and the seed's Redis sets
+    /// The dedup's state (`--window`): one key's windows, and the seed's Redis sets
     /// loaded into its changelog. Exit 0: done; 2: bad options; 3: could not complete.
     State(Box<state::StateArgs>),
 }

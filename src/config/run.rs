@@ -338,21 +338,21 @@ fn check_dedup(
 ) -> Result<(), Error> {
     if sink.guarantee != Guarantee::ExactlyOnce {
         return Err(Error::Config(
-            "--dedup-window: needs --guarantee exactly-once (the keys seen commit with the \
+            "--window: needs --guarantee exactly-once (the keys seen commit with the \
              outputs)"
                 .into(),
         ));
     }
     if !matches!(&group.input, Input::Topics(ts) if ts.len() == 1) {
         return Err(Error::Config(
-            "--dedup-window: needs exactly one --input-topics topic (the changelog has one \
+            "--window: needs exactly one --input-topics topic (the changelog has one \
              partition per input partition)"
                 .into(),
         ));
     }
     if matches!(transform.spec, TransformSpec::Call(_)) {
         return Err(Error::Config(
-            "--dedup-window: not with --call-url yet (dedup runs in front of --jq or the \
+            "--window: not with --call-url yet (dedup runs in front of --jq or the \
              passthrough)"
                 .into(),
         ));
@@ -392,7 +392,7 @@ impl RunArgs {
                 .find(|(_, t)| *t == d.changelog);
             if let Some((flag, topic)) = clash {
                 return Err(Error::Config(format!(
-                    "--dedup-changelog: '{topic}' is also the {flag} topic"
+                    "--state-changelog: '{topic}' is also the {flag} topic"
                 )));
             }
             d.fit(&transform);
@@ -654,51 +654,99 @@ mod tests {
 
     #[test]
     fn dedup_resolves_its_window_and_changelog_and_names_the_flag_it_refuses() {
-        let c = parse(&["--dedup-window", "1d", "--dedup-time-zone", "Asia/Shanghai"]).unwrap();
+        let c = parse(&["--window", "1d", "--window-time-zone", "Asia/Shanghai"]).unwrap();
         let d = c.dedup.expect("dedup on");
         assert_eq!(d.changelog, "g.dedup-changelog");
-        // The window, a day ahead (--dedup-max-ahead), a day's margin.
+        // The window, a day ahead (--window-max-ahead), a day's margin.
         assert_eq!(d.retention, Duration::from_secs(3 * 86_400));
         assert!(parse(&[]).unwrap().dedup.is_none());
         for (extra, flag) in [
             (
-                &["--dedup-key", ".device"][..],
-                "--dedup-key: needs --dedup-window",
+                &["--window-key", ".device"][..],
+                "--window-key: needs --window",
             ),
             (
-                &["--dedup-window", "1d", "--dedup-key", ".d"],
-                "--dedup-key-partitioned",
+                &["--window", "1d", "--window-key", ".d"],
+                "--window-key-partitioned",
             ),
             (
-                &["--dedup-window", "1d", "--dedup-time-zone", "Mars/Olympus"],
-                "--dedup-time-zone",
+                &["--window", "1d", "--window-time-zone", "Mars/Olympus"],
+                "--window-time-zone",
             ),
+            (&["--window", "0s"], "--window: must be longer than 0"),
             (
-                &["--dedup-window", "0s"],
-                "--dedup-window: must be longer than 0",
-            ),
-            (
-                &["--dedup-window", "1d", "--guarantee", "at-least-once"],
+                &["--window", "1d", "--guarantee", "at-least-once"],
                 "exactly-once",
             ),
             (
-                &["--dedup-window", "1d", "--input-topics", "a,b"],
+                &["--window", "1d", "--input-topics", "a,b"],
                 "one --input-topics",
             ),
             (
-                &["--dedup-window", "1d", "--call-url", "http://127.0.0.1:1"],
+                &["--window", "1d", "--call-url", "http://127.0.0.1:1"],
                 "--call-url",
             ),
             (
-                &["--dedup-window", "1d", "--dedup-changelog", "out"],
+                &["--window", "1d", "--state-changelog", "out"],
                 "also the --output-topic",
             ),
             (
-                &["--dedup-window", "1d", "--dedup-changelog", "in"],
+                &["--window", "1d", "--state-changelog", "in"],
                 "also the --input-topics",
             ),
         ] {
             let e = parse(extra).expect_err(&format!("{extra:?} should fail"));
+            assert!(e.contains(flag), "{extra:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn aggregates_resolve_with_their_programs_and_name_the_flag_they_refuse() {
+        let c = parse(&[
+            "--window",
+            "1h",
+            "--aggregate",
+            "count,sum",
+            "--aggregate-sum",
+            ".n",
+        ]);
+        let d = c.unwrap().dedup.expect("on");
+        assert_eq!(d.changelog, "g.aggregate-changelog", "not the dedup's");
+        let a = d.aggregate.expect("aggregating");
+        assert!(a.count && a.sum.as_deref() == Some(".n") && a.distinct.is_none());
+        // The dedup's old names still work.
+        let old = parse(&["--dedup-window", "1d", "--dedup-changelog", "c"]).unwrap();
+        assert_eq!(old.dedup.map(|d| d.changelog).as_deref(), Some("c"));
+        let w = ["--window", "1d"];
+        for (extra, flag) in [
+            (vec!["--aggregate", "count"], "--aggregate: needs --window"),
+            (
+                vec!["--aggregate-sum", ".n"],
+                "--aggregate-sum: needs --aggregate",
+            ),
+            (
+                [&w[..], &["--aggregate", "sum"]].concat(),
+                "needs --aggregate-sum",
+            ),
+            (
+                [
+                    &w[..],
+                    &["--aggregate", "count", "--aggregate-distinct", ".u"],
+                ]
+                .concat(),
+                "--aggregate-distinct: --aggregate does not list distinct",
+            ),
+            (
+                [&w[..], &["--aggregate", "count", "--window-late", "pass"]].concat(),
+                "--window-late",
+            ),
+            (
+                [&w[..], &["--aggregate", "count", "--state-dir", "/tmp/x"]].concat(),
+                "--state-dir",
+            ),
+            ([&w[..], &["--aggregate", "median"]].concat(), "median"),
+        ] {
+            let e = parse(&extra).expect_err(&format!("{extra:?} should fail"));
             assert!(e.contains(flag), "{extra:?}: {e}");
         }
     }

@@ -37,12 +37,17 @@ pub struct ChangelogArgs {
     #[arg(long, env = "EXACTLY_BOOTSTRAP_SERVERS", value_name = "HOSTS")]
     pub bootstrap_servers: String,
 
-    /// The changelog topic (`exactly run --dedup-changelog`, `<group-id>.dedup-changelog` by
+    /// The changelog topic (`exactly run --state-changelog`, `<group-id>.dedup-changelog` by
     /// default).
     ///
     /// Its partition n holds the keys of the input's partition n.
-    #[arg(long, env = "EXACTLY_DEDUP_CHANGELOG", value_name = "TOPIC")]
-    pub dedup_changelog: String,
+    #[arg(
+        long,
+        alias = "dedup-changelog",
+        env = "EXACTLY_STATE_CHANGELOG",
+        value_name = "TOPIC"
+    )]
+    pub state_changelog: String,
 
     /// Settings for every Kafka client (security, network).
     #[command(flatten)]
@@ -59,7 +64,7 @@ pub struct ShowArgs {
     #[command(flatten)]
     pub changelog: ChangelogArgs,
 
-    /// The key (its bytes as text: the Kafka key, or what --dedup-key yields).
+    /// The key (its bytes as text: the Kafka key, or what --window-key yields).
     #[arg(long, value_name = "KEY")]
     pub key: String,
 }
@@ -97,13 +102,18 @@ pub struct ImportArgs {
     #[arg(long, value_name = "PATTERN", default_value = "dau:*")]
     pub redis_pattern: String,
 
-    /// The time zone the days are local to (`exactly run --dedup-time-zone`).
-    #[arg(long, value_name = "TZ", default_value = "UTC")]
-    pub dedup_time_zone: String,
+    /// The time zone the days are local to (`exactly run --window-time-zone`).
+    #[arg(
+        long,
+        alias = "dedup-time-zone",
+        value_name = "TZ",
+        default_value = "UTC"
+    )]
+    pub window_time_zone: String,
 
     /// The grace `exactly run` uses (the changelog's retention, when this creates it).
-    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_duration)]
-    pub dedup_grace: Duration,
+    #[arg(long, alias = "dedup-grace", value_name = "DURATION", default_value = "0s", value_parser = parse_duration)]
+    pub window_grace: Duration,
 
     /// How the input's producers partition by key.
     #[arg(long, value_enum, default_value_t = Partitioner::Murmur2)]
@@ -122,7 +132,7 @@ impl ChangelogArgs {
                 "--bootstrap-servers: must not be empty".into(),
             ));
         }
-        check_topic_name("--dedup-changelog", &self.dedup_changelog)?;
+        check_topic_name("--state-changelog", &self.state_changelog)?;
         Ok(Settings {
             bootstrap_servers: self.bootstrap_servers.clone(),
             client_id: "exactly-state".into(),

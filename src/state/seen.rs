@@ -30,9 +30,75 @@ pub enum Verdict {
     Full,
 }
 
-/// A state change for the changelog: a key first seen in a window, or the partition's stream
-/// time.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A group's running totals in a window (`--aggregate`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Acc {
+    /// Records.
+    pub count: u64,
+    /// The sum of their numbers.
+    pub sum: Sum,
+    /// Distinct values among them.
+    pub distinct: u64,
+}
+
+/// A sum: exact while every number is an integer and it fits an i64, a float from then on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Sum {
+    /// Exact.
+    Int(i64),
+    /// Not exact any more.
+    Float(f64),
+}
+
+impl Default for Sum {
+    fn default() -> Sum {
+        Sum::Int(0)
+    }
+}
+
+impl Sum {
+    /// This plus `n`.
+    pub fn plus(self, n: Sum) -> Sum {
+        match (self, n) {
+            (Sum::Int(a), Sum::Int(b)) => match a.checked_add(b) {
+                Some(s) => Sum::Int(s),
+                None => Sum::Float(a as f64 + b as f64),
+            },
+            (a, b) => Sum::Float(a.as_f64() + b.as_f64()),
+        }
+    }
+
+    /// As a float.
+    pub fn as_f64(self) -> f64 {
+        match self {
+            Sum::Int(i) => i as f64,
+            Sum::Float(f) => f,
+        }
+    }
+}
+
+/// What one record adds to its group's totals.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Adds<'a> {
+    /// Its number, if it has one.
+    pub number: Option<Sum>,
+    /// Its distinct value's key (the group and the value, [`distinct_key`]), if it has one.
+    pub distinct: Option<&'a [u8]>,
+}
+
+/// The key a distinct value is remembered by: the group's length (u32 BE), the group, the
+/// value. Counting distinct values is the dedup of these.
+pub fn distinct_key(group: &[u8], value: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(4 + group.len() + value.len());
+    k.extend(u32::try_from(group.len()).unwrap_or(u32::MAX).to_be_bytes());
+    k.extend_from_slice(group);
+    k.extend_from_slice(value);
+    k
+}
+
+/// A state change for the changelog: a key first seen in a window, a group's totals in a
+/// window, or the partition's stream time.
+#[derive(Clone, Debug, PartialEq)]
 pub enum Change {
     /// `key` was first seen in `window`.
     Key {
@@ -41,12 +107,43 @@ pub enum Change {
         /// The key.
         key: Box<[u8]>,
     },
+    /// `group`'s totals in `window` are now `acc`.
+    Total {
+        /// The window.
+        window: Window,
+        /// The group.
+        group: Box<[u8]>,
+        /// Its totals.
+        acc: Acc,
+    },
     /// The partition's stream time (the latest event time seen) moved to this.
     StreamTime(i64),
 }
 
-/// A window and the keys seen in it.
-type Slot = (Window, HashSet<Box<[u8]>>);
+/// A window's groups and their totals, by group.
+pub type Totals = Vec<(Box<[u8]>, Acc)>;
+
+/// A window, the keys seen in it, and its groups' totals.
+#[derive(Debug)]
+struct Slot {
+    window: Window,
+    keys: HashSet<Box<[u8]>>,
+    totals: HashMap<Box<[u8]>, Acc>,
+    /// In the open layer: the groups of `totals` the committed layer does not have (the
+    /// others are copies of its totals, moved on).
+    fresh: usize,
+}
+
+impl Slot {
+    fn new(window: Window) -> Slot {
+        Slot {
+            window,
+            keys: HashSet::new(),
+            totals: HashMap::new(),
+            fresh: 0,
+        }
+    }
+}
 
 /// One partition's layer: the keys per window, and the stream time.
 #[derive(Debug, Default)]
@@ -60,23 +157,37 @@ impl Layer {
     fn contains(&self, window: &Window, key: &[u8]) -> bool {
         self.windows
             .get(&window.start)
-            .is_some_and(|(_, keys)| keys.contains(key))
+            .is_some_and(|slot| slot.keys.contains(key))
+    }
+
+    fn slot(&mut self, window: Window) -> &mut Slot {
+        self.windows
+            .entry(window.start)
+            .or_insert_with(|| Slot::new(window))
     }
 
     fn insert(&mut self, window: Window, key: Box<[u8]>) {
-        let slot = self
-            .windows
-            .entry(window.start)
-            .or_insert_with(|| (window, HashSet::new()));
-        slot.1.insert(key);
+        self.slot(window).keys.insert(key);
     }
 
+    fn total(&self, window: &Window, group: &[u8]) -> Option<&Acc> {
+        self.windows.get(&window.start)?.totals.get(group)
+    }
+
+    /// Keys and groups held.
     fn keys(&self) -> usize {
-        self.windows.values().map(|(_, k)| k.len()).sum()
+        self.windows
+            .values()
+            .map(|s| s.keys.len() + s.totals.len())
+            .sum()
     }
 
-    fn keys_in(&self, window: &Window) -> usize {
-        self.windows.get(&window.start).map_or(0, |(_, k)| k.len())
+    /// Keys held in `window`, and the groups: all of them in the committed layer, the fresh
+    /// ones in the open layer.
+    fn keys_in(&self, window: &Window, open: bool) -> usize {
+        self.windows.get(&window.start).map_or(0, |s| {
+            s.keys.len() + if open { s.fresh } else { s.totals.len() }
+        })
     }
 }
 
@@ -131,22 +242,150 @@ impl Seen {
 
     /// What a record of `tp` with key `key` in `window` is, changing nothing.
     pub fn decide(&self, tp: &Tp, window: &Window, key: &[u8]) -> Verdict {
-        let (committed, open) = (self.committed.get(tp), self.open.get(tp));
-        let time = open
-            .and_then(|o| o.stream_time)
-            .or(committed.and_then(|c| c.stream_time));
-        if time.is_some_and(|s| self.windows.closes(window) <= s) {
+        if self.closed(tp, window) {
             return Verdict::Late;
         }
-        let seen = |l: Option<&Layer>| l.is_some_and(|l| l.contains(window, key));
-        if seen(open) || seen(committed) {
+        if self.contains(tp, window, key) {
             return Verdict::Duplicate;
         }
-        let held = |l: Option<&Layer>| l.map_or(0, |l| l.keys_in(window));
-        if held(open) + held(committed) >= self.max_keys {
+        if self.held(tp, window) >= self.max_keys {
             return Verdict::Full;
         }
         Verdict::First
+    }
+
+    /// Whether `window` of `tp` closed at its stream time (the open unit's).
+    fn closed(&self, tp: &Tp, window: &Window) -> bool {
+        self.time(tp)
+            .is_some_and(|s| self.windows.closes(window) <= s)
+    }
+
+    /// The stream time of `tp`, the open unit's if it moved it.
+    fn time(&self, tp: &Tp) -> Option<i64> {
+        let (committed, open) = (self.committed.get(tp), self.open.get(tp));
+        open.and_then(|o| o.stream_time)
+            .or(committed.and_then(|c| c.stream_time))
+    }
+
+    fn contains(&self, tp: &Tp, window: &Window, key: &[u8]) -> bool {
+        let seen = |l: Option<&Layer>| l.is_some_and(|l| l.contains(window, key));
+        seen(self.open.get(tp)) || seen(self.committed.get(tp))
+    }
+
+    /// Keys and groups held in `window` of `tp`, both layers.
+    fn held(&self, tp: &Tp, window: &Window) -> usize {
+        let open = self.open.get(tp).map_or(0, |l| l.keys_in(window, true));
+        open + (self.committed.get(tp)).map_or(0, |l| l.keys_in(window, false))
+    }
+
+    /// `group`'s totals in `window` of `tp` so far (the open unit's, else the committed ones).
+    pub fn total(&self, tp: &Tp, window: &Window, group: &[u8]) -> Option<Acc> {
+        let of = |l: Option<&Layer>| l.and_then(|l| l.total(window, group)).copied();
+        of(self.open.get(tp)).or_else(|| of(self.committed.get(tp)))
+    }
+
+    /// What a record of `tp` for `group` in `window` adding `adds` is, changing nothing:
+    /// [`Verdict::First`] when it is taken (there is no duplicate of an aggregate's record).
+    pub fn admit(&self, tp: &Tp, window: &Window, group: &[u8], adds: Adds<'_>) -> Verdict {
+        if self.closed(tp, window) {
+            return Verdict::Late;
+        }
+        let new_group = usize::from(self.total(tp, window, group).is_none());
+        let new_value = adds
+            .distinct
+            .map_or(0, |k| usize::from(!self.contains(tp, window, k)));
+        if new_group + new_value > 0
+            && self.held(tp, window) + new_group + new_value > self.max_keys
+        {
+            return Verdict::Full;
+        }
+        Verdict::First
+    }
+
+    /// `group`'s totals in `window` of `tp` once `adds` is added, changing nothing.
+    pub fn peek(&self, tp: &Tp, window: &Window, group: &[u8], adds: Adds<'_>) -> Acc {
+        let mut acc = self.total(tp, window, group).unwrap_or_default();
+        acc.count += 1;
+        if let Some(n) = adds.number {
+            acc.sum = acc.sum.plus(n);
+        }
+        if adds.distinct.is_some_and(|k| !self.contains(tp, window, k)) {
+            acc.distinct += 1;
+        }
+        acc
+    }
+
+    /// A record of `tp` for `group` in `window` admitted by the open unit adds `adds`: its
+    /// group's new totals, and the change for the changelog now (a distinct value first seen;
+    /// the totals go once per unit, [`Seen::totals`]).
+    pub fn add(
+        &mut self,
+        tp: &Tp,
+        window: Window,
+        group: &[u8],
+        adds: Adds<'_>,
+    ) -> (Acc, Option<Change>) {
+        let acc = self.peek(tp, &window, group, adds);
+        let change = adds
+            .distinct
+            .filter(|k| !self.contains(tp, &window, k))
+            .map(|k| self.remember(tp, window, k));
+        let committed = (self.committed.get(tp)).is_some_and(|l| l.total(&window, group).is_some());
+        let slot = self.open.entry(tp.clone()).or_default().slot(window);
+        if slot.totals.insert(group.into(), acc).is_none() && !committed {
+            slot.fresh += 1;
+        }
+        (acc, change)
+    }
+
+    /// The windows of `tp` a record at event time `t` closes (its close after the stream time
+    /// and at or before `t`), each with every group's totals, by group; changing nothing.
+    pub fn closing(&self, tp: &Tp, t: i64) -> Vec<(Window, Totals)> {
+        let now = self.time(tp);
+        if now.is_some_and(|s| t <= s) {
+            return Vec::new();
+        }
+        let closes = |w: &Window| {
+            let c = self.windows.closes(w);
+            c <= t && now.is_none_or(|s| c > s)
+        };
+        let mut closed = BTreeMap::<i64, (Window, BTreeMap<_, _>)>::new();
+        // The committed totals first, the open unit's over them.
+        for layer in [self.committed.get(tp), self.open.get(tp)]
+            .into_iter()
+            .flatten()
+        {
+            for slot in layer.windows.values().filter(|s| closes(&s.window)) {
+                let (_, totals) = closed
+                    .entry(slot.window.start)
+                    .or_insert_with(|| (slot.window, BTreeMap::new()));
+                totals.extend(slot.totals.iter().map(|(g, a)| (g.clone(), *a)));
+            }
+        }
+        (closed.into_values())
+            .filter(|(_, totals)| !totals.is_empty())
+            .map(|(w, totals)| (w, totals.into_iter().collect()))
+            .collect()
+    }
+
+    /// The totals the open unit moved, for the changelog before it commits: one change per
+    /// (window, group) touched, with its latest totals.
+    pub fn totals(&self) -> Vec<(Tp, Change)> {
+        let mut moved = Vec::new();
+        for (tp, open) in &self.open {
+            for slot in open.windows.values() {
+                moved.extend(slot.totals.iter().map(|(group, acc)| {
+                    let change = Change::Total {
+                        window: slot.window,
+                        group: group.clone(),
+                        acc: *acc,
+                    };
+                    (tp.clone(), change)
+                }));
+            }
+        }
+        moved.sort_by(|a, b| a.0.cmp(&b.0));
+        moved
     }
 
     /// A record of `tp` at event time `t` was taken (whatever its verdict): the stream time
@@ -188,12 +427,10 @@ impl Seen {
             if open.stream_time > layer.stream_time {
                 layer.stream_time = open.stream_time;
             }
-            for (_, (window, keys)) in open.windows {
-                let slot = layer
-                    .windows
-                    .entry(window.start)
-                    .or_insert_with(|| (window, HashSet::new()));
-                slot.1.extend(keys);
+            for (_, moved) in open.windows {
+                let slot = layer.slot(moved.window);
+                slot.keys.extend(moved.keys);
+                slot.totals.extend(moved.totals);
             }
             expire(layer, &self.windows);
         }
@@ -215,6 +452,9 @@ impl Seen {
                 }
             }
             Change::Key { window, key } => layer.insert(window, key),
+            Change::Total { window, group, acc } => {
+                layer.slot(window).totals.insert(group, acc);
+            }
         }
     }
 
@@ -236,7 +476,7 @@ impl Seen {
         self.committed.get(tp)?.stream_time
     }
 
-    /// Committed keys held, over all partitions and windows.
+    /// Committed keys (and groups) held, over all partitions and windows.
     pub fn keys(&self) -> usize {
         self.committed.values().map(Layer::keys).sum()
     }
@@ -244,7 +484,7 @@ impl Seen {
     /// Keys in the fullest committed window of one partition.
     pub fn fullest_window(&self) -> usize {
         (self.committed.values())
-            .flat_map(|l| l.windows.values().map(|(_, keys)| keys.len()))
+            .flat_map(|l| l.windows.values().map(|s| s.keys.len() + s.totals.len()))
             .max()
             .unwrap_or(0)
     }
@@ -264,7 +504,7 @@ fn expire(layer: &mut Layer, windows: &Windows) {
     let still_open = layer
         .windows
         .iter()
-        .find(|(_, (w, _))| windows.closes(w) > now)
+        .find(|(_, slot)| windows.closes(&slot.window) > now)
         .map(|(start, _)| *start);
     match still_open {
         Some(start) => layer.windows = layer.windows.split_off(&start),

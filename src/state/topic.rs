@@ -154,7 +154,7 @@ fn check_configs(
     let needed = i64::try_from(wanted.retention.as_millis()).unwrap_or(i64::MAX);
     if deletes && ms >= 0 && ms < needed {
         return Err(format!(
-            "'{name}' keeps records {}; the window, its grace, --dedup-max-ahead and a day \
+            "'{name}' keeps records {}; the window, its grace, --window-max-ahead and a day \
              need {}: keys of open windows would be deleted (raise its retention.ms)",
             humantime::format_duration(Duration::from_millis(ms as u64)),
             humantime::format_duration(wanted.retention)

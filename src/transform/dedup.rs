@@ -1,6 +1,6 @@
-//! The dedup (`--dedup-window`): the first record of each key per window of event time goes
+//! The dedup (`--window`): the first record of each key per window of event time goes
 //! on, through `--jq` if given (which sees the window's label as `$window`); later ones are
-//! dropped and counted; a record for a window that closed follows `--dedup-late`.
+//! dropped and counted; a record for a window that closed follows `--window-late`.
 //!
 //! The keys seen are [`Seen`]'s two layers. Each first decision and each partition's stream
 //! time are also records to the changelog partition of the record's input partition, written
@@ -21,12 +21,12 @@ use tracing::{error, info, warn};
 
 use super::jq::Jq;
 use super::{Failure, InputRecord, OutputHeaders, OutputRecord, Reason, Transform, TransformError};
-use crate::config::{DedupConfig, Late};
+use crate::config::{DedupConfig, Emit, Late};
 use crate::kafka::Tp;
 use crate::metrics::Metrics;
 use crate::state::changelog;
 use crate::state::restore::{Changelog, Unread};
-use crate::state::seen::{Change, Seen, Verdict};
+use crate::state::seen::{Acc, Adds, Change, Seen, Sum, Verdict, distinct_key};
 use crate::state::store::{Batch, Store};
 use crate::state::window::Window;
 
@@ -40,6 +40,16 @@ const CHECKPOINT: Duration = Duration::from_secs(10);
 /// transaction timeout plus 15 s).
 const RESTORE_BUDGET: Duration = Duration::from_secs(5);
 
+/// The windowed aggregates (`--aggregate`), the dedup's other mode.
+struct Aggregate {
+    count: bool,
+    /// The number each record adds to the sum.
+    sum: Option<Jq>,
+    /// The value each record adds to the distinct count.
+    distinct: Option<Jq>,
+    emit: Emit,
+}
+
 /// The dedup in front of the record's transform.
 pub struct Dedup {
     key: Option<Jq>,
@@ -47,6 +57,8 @@ pub struct Dedup {
     /// What the first of each key becomes: the `--jq` program, or the record as it is.
     then: Option<Jq>,
     late: Late,
+    /// Aggregates instead of the dedup.
+    aggregate: Option<Aggregate>,
     topic: String,
     seen: Seen,
     source: Box<dyn Changelog>,
@@ -55,7 +67,7 @@ pub struct Dedup {
     owned: BTreeSet<Tp>,
     /// The longest key: its changelog record stays within --max-output-bytes.
     max_key: usize,
-    /// How far past its record's timestamp an event time read by --dedup-time may be (ms).
+    /// How far past its record's timestamp an event time read by --window-time may be (ms).
     max_ahead: i64,
     /// Owned partitions whose state is not read back yet.
     unrestored: BTreeSet<Tp>,
@@ -88,7 +100,7 @@ impl Dedup {
     /// program for the first of each key (compiled already).
     pub fn new(
         config: &DedupConfig,
-        [key, time, then]: [Option<Jq>; 3],
+        [key, time, then, sum, distinct]: [Option<Jq>; 5],
         source: Box<dyn Changelog>,
         store: Option<Box<dyn Store>>,
         metrics: Metrics,
@@ -98,6 +110,12 @@ impl Dedup {
             time,
             then,
             late: config.late,
+            aggregate: config.aggregate.as_ref().map(|a| Aggregate {
+                count: a.count,
+                sum,
+                distinct,
+                emit: a.emit,
+            }),
             topic: config.changelog.clone(),
             seen: Seen::new(config.windows.clone()).capped(config.max_keys),
             source,
@@ -179,6 +197,8 @@ impl Dedup {
                                 delta.keys.push((p, *window, key.clone()))
                             }
                             Change::StreamTime(t) => delta.stream_times.push((p, *t)),
+                            // Not stored: --aggregate takes no --state-dir yet.
+                            Change::Total { .. } => {}
                         }
                         seen.restore(tp, change)
                     }
@@ -342,34 +362,34 @@ impl Dedup {
             .set(self.seen.open_windows() as i64);
     }
 
-    /// The record's key: the Kafka key, or `--dedup-key`'s (a string's text, else JSON text).
+    /// The record's key: the Kafka key, or `--window-key`'s (a string's text, else JSON text).
     fn key_of<'a>(&self, input: &InputRecord<'a>) -> Result<Cow<'a, [u8]>, TransformError> {
         let Some(program) = &self.key else {
             return input.key.map(Cow::Borrowed).ok_or_else(|| {
-                bad("no Kafka key to deduplicate by (--dedup-key reads one from the value)")
+                bad("no Kafka key to deduplicate by (--window-key reads one from the value)")
             });
         };
         let json = program
             .first_json(input)?
-            .ok_or_else(|| bad("--dedup-key yields nothing"))?;
+            .ok_or_else(|| bad("--window-key yields nothing"))?;
         match serde_json::from_slice::<serde_json::Value>(&json) {
-            Ok(serde_json::Value::Null) => Err(bad("--dedup-key yields null")),
+            Ok(serde_json::Value::Null) => Err(bad("--window-key yields null")),
             Ok(serde_json::Value::String(s)) => Ok(Cow::Owned(s.into_bytes())),
             _ => Ok(Cow::Owned(json)),
         }
     }
 
-    /// The record's event time in ms: its timestamp, or `--dedup-time`'s (milliseconds since
+    /// The record's event time in ms: its timestamp, or `--window-time`'s (milliseconds since
     /// the epoch, or an RFC 3339 string).
     fn time_of(&self, input: &InputRecord<'_>) -> Result<i64, TransformError> {
         let Some(program) = &self.time else {
             return input
                 .timestamp
-                .ok_or_else(|| bad("the record has no timestamp (--dedup-time reads one)"));
+                .ok_or_else(|| bad("the record has no timestamp (--window-time reads one)"));
         };
         let json = program
             .first_json(input)?
-            .ok_or_else(|| bad("--dedup-time yields nothing"))?;
+            .ok_or_else(|| bad("--window-time yields nothing"))?;
         match serde_json::from_slice::<serde_json::Value>(&json) {
             Ok(serde_json::Value::Number(n)) => n
                 .as_i64()
@@ -378,13 +398,13 @@ impl Dedup {
                         .filter(|f| f.is_finite())
                         .map(|f| f.floor() as i64)
                 })
-                .ok_or_else(|| bad(format!("--dedup-time yields {n}, not a time"))),
+                .ok_or_else(|| bad(format!("--window-time yields {n}, not a time"))),
             Ok(serde_json::Value::String(s)) => s
                 .parse::<jiff::Timestamp>()
                 .map(|t| t.as_millisecond())
-                .map_err(|e| bad(format!("--dedup-time yields \"{s}\": {e}"))),
+                .map_err(|e| bad(format!("--window-time yields \"{s}\": {e}"))),
             _ => Err(bad(format!(
-                "--dedup-time yields {}, not milliseconds or an RFC 3339 time",
+                "--window-time yields {}, not milliseconds or an RFC 3339 time",
                 String::from_utf8_lossy(&json)
             ))),
         }
@@ -423,6 +443,149 @@ impl Dedup {
         }
     }
 
+    /// A record for `group` at event time `t` in `window`, aggregated: its group's new totals
+    /// (`updates`) or the totals of every window it closes (`final`) are its outputs. Every
+    /// output is worked out before the state changes, so a record that fails leaves no trace.
+    fn aggregate<'a>(
+        &mut self,
+        input: &InputRecord<'a>,
+        tp: &Tp,
+        group: &[u8],
+        t: i64,
+        window: Window,
+    ) -> Result<Vec<OutputRecord<'a>>, Failure> {
+        let Some(agg) = &self.aggregate else {
+            return Ok(Vec::new());
+        };
+        let number = agg.sum.as_ref().map(|p| number_of(p, input)).transpose()?;
+        let value = (agg.distinct.as_ref())
+            .map(|p| distinct_of(p, input))
+            .transpose()?;
+        let distinct = value.flatten().map(|v| distinct_key(group, &v));
+        if let Some(k) = distinct.as_ref().filter(|k| k.len() > self.max_key) {
+            return Err(bad(format!(
+                "a group and distinct value of {} bytes: their changelog record would be over \
+                 --max-output-bytes",
+                k.len()
+            ))
+            .into());
+        }
+        let adds = Adds {
+            number: number.flatten(),
+            distinct: distinct.as_deref(),
+        };
+        match self.seen.admit(tp, &window, group, adds) {
+            Verdict::Late => {
+                self.verdict("late");
+                match self.late {
+                    Late::Drop => Ok(Vec::new()),
+                    // --window-late pass is refused with --aggregate.
+                    Late::Dlq | Late::Pass => Err(self.late_record(&window)),
+                }
+            }
+            Verdict::Full => {
+                self.verdict("full");
+                Err(self.full(&window, input.partition))
+            }
+            Verdict::First | Verdict::Duplicate => {
+                let mut outputs = Vec::new();
+                if agg.emit == Emit::Final {
+                    for (w, totals) in self.seen.closing(tp, t) {
+                        for (g, acc) in totals {
+                            outputs.extend(self.total_output(input, &w, &g, &acc)?);
+                        }
+                    }
+                } else {
+                    let acc = self.seen.peek(tp, &window, group, adds);
+                    outputs.extend(self.total_output(input, &window, group, &acc)?);
+                }
+                self.verdict("aggregated");
+                self.seen.advance(tp, t);
+                let (_, change) = self.seen.add(tp, window, group, adds);
+                self.pending.extend(change.map(|c| (input.partition, c)));
+                Ok(outputs)
+            }
+        }
+    }
+
+    /// `group`'s totals `acc` in `window` as the records to write: key
+    /// `["<window>", "<group>"]`, value the totals, through `--jq` if given (which sees them
+    /// as `.` and the window's label as `$window`).
+    fn total_output(
+        &self,
+        input: &InputRecord<'_>,
+        window: &Window,
+        group: &[u8],
+        acc: &Acc,
+    ) -> Result<Vec<OutputRecord<'static>>, TransformError> {
+        let Some(agg) = &self.aggregate else {
+            return Ok(Vec::new());
+        };
+        let label = self.seen.windows().label(window);
+        let group = String::from_utf8_lossy(group);
+        let mut value = serde_json::Map::new();
+        value.insert("window".into(), label.as_str().into());
+        value.insert("start".into(), window.start.into());
+        value.insert("end".into(), window.end.into());
+        value.insert("group".into(), group.as_ref().into());
+        if agg.count {
+            value.insert("count".into(), acc.count.into());
+        }
+        if agg.sum.is_some() {
+            let sum = match acc.sum {
+                Sum::Int(i) => i.into(),
+                Sum::Float(f) => {
+                    serde_json::Number::from_f64(f).map_or(serde_json::Value::Null, Into::into)
+                }
+            };
+            value.insert("sum".into(), sum);
+        }
+        if agg.distinct.is_some() {
+            value.insert("distinct".into(), acc.distinct.into());
+        }
+        let key = serde_json::to_vec(&[label.as_str(), group.as_ref()])
+            .map_err(|e| bad(format!("the aggregate's key: {e}")))?;
+        let value =
+            serde_json::to_vec(&value).map_err(|e| bad(format!("the aggregate's value: {e}")))?;
+        let Some(jq) = &self.then else {
+            return Ok(vec![OutputRecord {
+                topic: None,
+                partition: None,
+                key: Some(Cow::Owned(key)),
+                value: Some(Cow::Owned(value)),
+                headers: OutputHeaders::Set(Vec::new()),
+            }]);
+        };
+        let totals = InputRecord {
+            key: Some(&key),
+            value: Some(&value),
+            headers: Vec::new(),
+            ..*input
+        };
+        let outputs = jq.apply_in(&totals, Some(&label))?;
+        Ok(outputs.into_iter().map(owned).collect())
+    }
+
+    fn late_record(&self, window: &Window) -> Failure {
+        Failure::BadRecord(TransformError::new(
+            Reason::Late,
+            format!(
+                "its window {} closed before it came (--window-grace)",
+                self.seen.windows().label(window)
+            ),
+        ))
+    }
+
+    fn full(&self, window: &Window, partition: i32) -> Failure {
+        Failure::BadRecord(TransformError::new(
+            Reason::DedupFull,
+            format!(
+                "its window {} holds --window-max-keys keys already (partition {partition})",
+                self.seen.windows().label(window),
+            ),
+        ))
+    }
+
     fn verdict(&self, verdict: &str) {
         self.metrics
             .dedup_records
@@ -433,6 +596,51 @@ impl Dedup {
 
 fn bad(message: impl Into<String>) -> TransformError {
     TransformError::new(Reason::DedupInput, message.into())
+}
+
+/// The number `program` (`--aggregate-sum`) yields for the record: `None` for null.
+fn number_of(program: &Jq, input: &InputRecord<'_>) -> Result<Option<Sum>, TransformError> {
+    let json = program
+        .first_json(input)?
+        .ok_or_else(|| bad("--aggregate-sum yields nothing"))?;
+    match serde_json::from_slice::<serde_json::Value>(&json) {
+        Ok(serde_json::Value::Null) => Ok(None),
+        Ok(serde_json::Value::Number(n)) => match (n.as_i64(), n.as_f64()) {
+            (Some(i), _) => Ok(Some(Sum::Int(i))),
+            (None, Some(f)) if f.is_finite() => Ok(Some(Sum::Float(f))),
+            _ => Err(bad(format!(
+                "--aggregate-sum yields {n}, not a finite number"
+            ))),
+        },
+        _ => Err(bad(format!(
+            "--aggregate-sum yields {}, not a number",
+            String::from_utf8_lossy(&json)
+        ))),
+    }
+}
+
+/// The value `program` (`--aggregate-distinct`) yields for the record, as bytes (a string's
+/// text, else its JSON text): `None` for null.
+fn distinct_of(program: &Jq, input: &InputRecord<'_>) -> Result<Option<Vec<u8>>, TransformError> {
+    let json = program
+        .first_json(input)?
+        .ok_or_else(|| bad("--aggregate-distinct yields nothing"))?;
+    match serde_json::from_slice::<serde_json::Value>(&json) {
+        Ok(serde_json::Value::Null) => Ok(None),
+        Ok(serde_json::Value::String(s)) => Ok(Some(s.into_bytes())),
+        _ => Ok(Some(json)),
+    }
+}
+
+/// `o` with its bytes its own.
+fn owned(o: OutputRecord<'_>) -> OutputRecord<'static> {
+    OutputRecord {
+        topic: o.topic,
+        partition: o.partition,
+        key: o.key.map(|k| Cow::Owned(k.into_owned())),
+        value: o.value.map(|v| Cow::Owned(v.into_owned())),
+        headers: o.headers,
+    }
 }
 
 impl Transform for Dedup {
@@ -448,7 +656,7 @@ impl Transform for Dedup {
         {
             return Err(bad(format!(
                 "event time {t} ms is {} s past the record's timestamp, more than \
-                 --dedup-max-ahead",
+                 --window-max-ahead",
                 (t - ts) / 1000
             ))
             .into());
@@ -461,6 +669,9 @@ impl Transform for Dedup {
                 key.len()
             ))
             .into());
+        }
+        if self.aggregate.is_some() {
+            return self.aggregate(input, &tp, &key, t, window);
         }
         let verdict = self.seen.decide(&tp, &window, &key);
         // A record dropped moves the stream time; a bad one (Full) leaves no trace.
@@ -477,25 +688,12 @@ impl Transform for Dedup {
                 match self.late {
                     Late::Drop => Ok(Vec::new()),
                     Late::Pass => Ok(self.output(input, &window)?),
-                    Late::Dlq => Err(Failure::BadRecord(TransformError::new(
-                        Reason::Late,
-                        format!(
-                            "its window {} closed before it came (--dedup-grace)",
-                            self.seen.windows().label(&window)
-                        ),
-                    ))),
+                    Late::Dlq => Err(self.late_record(&window)),
                 }
             }
             Verdict::Full => {
                 self.verdict("full");
-                Err(Failure::BadRecord(TransformError::new(
-                    Reason::DedupFull,
-                    format!(
-                        "its window {} holds --dedup-max-keys keys already (partition {})",
-                        self.seen.windows().label(&window),
-                        input.partition
-                    ),
-                )))
+                Err(self.full(&window, input.partition))
             }
             Verdict::First => {
                 self.verdict("first");
@@ -554,6 +752,7 @@ impl Transform for Dedup {
             match change {
                 Change::Key { window, key } => batch.keys.push((p, window, key)),
                 Change::StreamTime(t) => batch.stream_times.push((p, t)),
+                Change::Total { .. } => {}
             }
         }
         for tp in self.owned.iter().filter(|tp| touched.contains(&tp.1)) {
@@ -609,6 +808,12 @@ impl Transform for Dedup {
         let times = self.seen.stream_times();
         self.pending
             .extend(times.into_iter().map(|(tp, change)| (tp.1, change)));
+        // Like the stream times, all of them each time: compaction and a restore keep the last.
+        if self.aggregate.is_some() {
+            let totals = self.seen.totals();
+            self.pending
+                .extend(totals.into_iter().map(|(tp, change)| (tp.1, change)));
+        }
         let out = (self.pending[self.sent..].iter())
             .map(|(p, change)| self.record(*p, change))
             .collect();
@@ -622,8 +827,9 @@ impl Transform for Dedup {
 pub fn programs(
     config: &DedupConfig,
     transform: &crate::config::TransformConfig,
-) -> Result<[Option<Jq>; 3], crate::error::Error> {
+) -> Result<[Option<Jq>; 5], crate::error::Error> {
     let limits = super::Limits::of(transform);
+    let aggregate = config.aggregate.as_ref();
     let compile = |flag: &str, code: &Option<String>, envelope: bool| {
         code.as_deref()
             .map(|code| Jq::compile(code, envelope, limits))
@@ -637,9 +843,19 @@ pub fn programs(
         _ => None,
     };
     Ok([
-        compile("--dedup-key", &config.key, false)?,
-        compile("--dedup-time", &config.time, false)?,
+        compile("--window-key", &config.key, false)?,
+        compile("--window-time", &config.time, false)?,
         then,
+        compile(
+            "--aggregate-sum",
+            &aggregate.and_then(|a| a.sum.clone()),
+            false,
+        )?,
+        compile(
+            "--aggregate-distinct",
+            &aggregate.and_then(|a| a.distinct.clone()),
+            false,
+        )?,
     ])
 }
 
@@ -723,18 +939,19 @@ mod tests {
             max_key: 64,
             max_keys: usize::MAX,
             max_ahead: 86_400_000,
+            aggregate: None,
         }
     }
 
     fn dedup_with(log: &Log, late: Late, store: Option<Box<dyn Store>>) -> Dedup {
-        dedup_of(log, &config(late), [None, None, None], store).0
+        dedup_of(log, &config(late), [None, None, None, None, None], store).0
     }
 
     /// A dedup of `config` over `log`, owning partition 0, and its metrics.
     fn dedup_of(
         log: &Log,
         config: &DedupConfig,
-        programs: [Option<Jq>; 3],
+        programs: [Option<Jq>; 5],
         store: Option<Box<dyn Store>>,
     ) -> (Dedup, Metrics) {
         let (source, metrics) = (Box::new(log.clone()), Metrics::new());
@@ -913,7 +1130,12 @@ mod tests {
             max_outputs: 10,
         };
         let at = Jq::compile(".at", false, limits).unwrap();
-        let (mut d, _) = dedup_of(&log, &config(Late::Dlq), [None, Some(at), None], None);
+        let (mut d, _) = dedup_of(
+            &log,
+            &config(Late::Dlq),
+            [None, Some(at), None, None, None],
+            None,
+        );
         let mut at = |key: &'static str, t: i64, ts: i64| {
             let value = format!(r#"{{"at":{t}}}"#);
             let mut r: InputRecord<'_> = input(key, ts);
@@ -924,7 +1146,7 @@ mod tests {
         match at("a", 26 * HOUR, HOUR) {
             Err(Failure::BadRecord(e)) => {
                 assert_eq!(e.reason, Reason::DedupInput);
-                assert!(e.message.contains("--dedup-max-ahead"), "{}", e.message);
+                assert!(e.message.contains("--window-max-ahead"), "{}", e.message);
             }
             other => panic!("{other:?}"),
         }
@@ -941,7 +1163,7 @@ mod tests {
             max_keys: 1,
             ..config(Late::Dlq)
         };
-        let (mut d, metrics) = dedup_of(&log, &config, [None, None, None], None);
+        let (mut d, metrics) = dedup_of(&log, &config, [None, None, None, None, None], None);
         assert_eq!(offer(&mut d, "a", HOUR).unwrap(), 1);
         match offer(&mut d, "b", 20 * HOUR) {
             Err(Failure::BadRecord(e)) => assert_eq!(e.reason, Reason::DedupFull),
@@ -1132,5 +1354,219 @@ mod tests {
             1,
             "the store was wiped"
         );
+    }
+
+    /// The aggregates (count, sum of `.n`, distinct `.u`) by Kafka key per UTC day, with
+    /// `grace_hours` of grace.
+    fn aggregating(log: &Log, emit: Emit, grace_hours: u64) -> Dedup {
+        let limits = crate::transform::Limits {
+            max_output_bytes: 1000,
+            max_outputs: 10,
+        };
+        let config = DedupConfig {
+            windows: Windows::new(
+                Size::Days(1),
+                jiff::tz::TimeZone::UTC,
+                Duration::from_secs(grace_hours * 3600),
+            ),
+            aggregate: Some(crate::config::AggregateConfig {
+                count: true,
+                sum: Some(".n".into()),
+                distinct: Some(".u".into()),
+                emit,
+            }),
+            ..config(Late::Dlq)
+        };
+        let compile = |p| Some(Jq::compile(p, false, limits).unwrap());
+        let programs = [None, None, None, compile(".n"), compile(".u")];
+        dedup_of(log, &config, programs, None).0
+    }
+
+    /// A record of group `key` at `t` with value `value`: its outputs' values, as JSON.
+    fn totals(
+        d: &mut Dedup,
+        key: &'static str,
+        t: i64,
+        value: &'static str,
+    ) -> Vec<serde_json::Value> {
+        let mut record = input(key, t);
+        record.value = Some(value.as_bytes());
+        let outputs = d.apply(&record).expect("taken");
+        (outputs.iter())
+            .map(|o| serde_json::from_slice(o.value.as_deref().unwrap()).unwrap())
+            .collect()
+    }
+
+    /// Group, count, sum, distinct of an aggregate's value.
+    fn brief(v: &serde_json::Value) -> (String, u64, serde_json::Value, u64) {
+        (
+            v["group"].as_str().unwrap().to_owned(),
+            v["count"].as_u64().unwrap(),
+            v["sum"].clone(),
+            v["distinct"].as_u64().unwrap(),
+        )
+    }
+
+    fn t(
+        group: &str,
+        count: u64,
+        sum: serde_json::Value,
+        distinct: u64,
+    ) -> (String, u64, serde_json::Value, u64) {
+        (group.to_owned(), count, sum, distinct)
+    }
+
+    #[test]
+    fn updates_give_each_records_group_its_new_totals_across_aborts_and_restores() {
+        let log = Log::default();
+        let mut d = aggregating(&log, Emit::Updates, 0);
+        let first = totals(&mut d, "a", HOUR, r#"{"n":2,"u":"x"}"#);
+        assert_eq!(first.len(), 1);
+        assert_eq!(
+            first[0],
+            serde_json::json!({"window": "1970-01-01", "start": 0, "end": 86_400_000,
+                "group": "a", "count": 1, "sum": 2, "distinct": 1})
+        );
+        assert_eq!(
+            commit(&mut d, &log),
+            3,
+            "the distinct value, a's totals, the stream time"
+        );
+        let unit = |d: &mut Dedup| {
+            [
+                totals(d, "a", 2 * HOUR, r#"{"n":3,"u":"x"}"#),
+                totals(d, "b", 2 * HOUR, r#"{"n":1.5,"u":"y"}"#),
+                totals(d, "a", 3 * HOUR, r#"{"n":null,"u":"z"}"#),
+            ]
+            .map(|o| brief(&o[0]))
+        };
+        let once = unit(&mut d);
+        assert_eq!(
+            once,
+            [
+                t("a", 2, 5.into(), 1),
+                t("b", 1, 1.5.into(), 1),
+                t("a", 3, 5.into(), 2),
+            ]
+        );
+        // An abort forgets the unit: its replay gives the same.
+        d.dropped(true);
+        assert_eq!(unit(&mut d), once);
+        commit(&mut d, &log);
+        // Restored from the changelog alone, the totals go on where they were.
+        let mut again = aggregating(&log, Emit::Updates, 0);
+        let next = totals(&mut again, "a", 4 * HOUR, r#"{"n":1,"u":"x"}"#);
+        assert_eq!(brief(&next[0]), t("a", 4, 6.into(), 2));
+        // The next day starts from nothing.
+        let next = totals(&mut again, "a", 25 * HOUR, r#"{"n":1,"u":"x"}"#);
+        assert_eq!(brief(&next[0]), t("a", 1, 1.into(), 1));
+    }
+
+    #[test]
+    fn final_gives_each_window_once_when_the_stream_time_passes_its_close() {
+        let log = Log::default();
+        let mut d = aggregating(&log, Emit::Final, 2);
+        assert!(totals(&mut d, "a", HOUR, r#"{"n":1,"u":"x"}"#).is_empty());
+        assert!(totals(&mut d, "b", 20 * HOUR, r#"{"n":2,"u":"x"}"#).is_empty());
+        commit(&mut d, &log);
+        // Day 0 ends at 24 h, closes at 26 h: within the grace, it still takes records.
+        assert!(totals(&mut d, "c", 25 * HOUR, r#"{"n":5,"u":"q"}"#).is_empty());
+        assert!(totals(&mut d, "a", 23 * HOUR, r#"{"n":1,"u":"y"}"#).is_empty());
+        let closing = |d: &mut Dedup| {
+            let out = totals(d, "c", 26 * HOUR, r#"{"n":1,"u":"q"}"#);
+            out.iter().map(brief).collect::<Vec<_>>()
+        };
+        let day0 = closing(&mut d);
+        assert_eq!(day0, [t("a", 2, 2.into(), 2), t("b", 1, 2.into(), 1)]);
+        assert!(
+            totals(&mut d, "c", 27 * HOUR, r#"{"n":1,"u":"q"}"#).is_empty(),
+            "day 0 is given once, though it goes from the state only at the commit"
+        );
+        // A record for day 0 now is late.
+        let mut late = input("a", 23 * HOUR);
+        late.value = Some(br#"{"n":1,"u":"x"}"#);
+        match d.apply(&late) {
+            Err(Failure::BadRecord(e)) => assert_eq!(e.reason, Reason::Late),
+            other => panic!("{other:?}"),
+        }
+        // The closing record's unit aborts: the replay closes day 0 again, with the same.
+        d.dropped(true);
+        assert!(totals(&mut d, "c", 25 * HOUR, r#"{"n":5,"u":"q"}"#).is_empty());
+        assert!(totals(&mut d, "a", 23 * HOUR, r#"{"n":1,"u":"y"}"#).is_empty());
+        assert_eq!(closing(&mut d), day0);
+        commit(&mut d, &log);
+        // Committed, day 0 is never given again, not after a restore either.
+        let mut again = aggregating(&log, Emit::Final, 2);
+        assert!(totals(&mut again, "c", 40 * HOUR, r#"{"n":1,"u":"r"}"#).is_empty());
+        let day1 = totals(&mut again, "z", 60 * HOUR, r#"{"n":1,"u":"r"}"#);
+        assert_eq!(
+            day1.iter().map(brief).collect::<Vec<_>>(),
+            [t("c", 3, 7.into(), 2)],
+            "day 1 holds c's three records (the aborted unit's fourth went), of two distinct values"
+        );
+        assert_eq!(day1[0]["window"], "1970-01-02");
+    }
+
+    #[test]
+    fn a_record_the_aggregate_cannot_read_is_a_bad_record_and_leaves_no_trace() {
+        let log = Log::default();
+        let mut d = aggregating(&log, Emit::Updates, 0);
+        totals(&mut d, "a", HOUR, r#"{"n":1,"u":"x"}"#);
+        for (value, why) in [
+            (r#"{"n":"3","u":"x"}"#, "not a number"),
+            (r#"{"n":[1],"u":"x"}"#, "not a number"),
+            ("not json", "JSON"),
+        ] {
+            let mut record = input("a", 50 * HOUR);
+            record.value = Some(value.as_bytes());
+            match d.apply(&record) {
+                Err(Failure::BadRecord(e)) => {
+                    assert!(e.message.contains(why), "{}", e.message);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // Nothing of it counted, and its time moved nothing: day 0 still takes records.
+        let next = totals(&mut d, "a", 2 * HOUR, r#"{"n":1,"u":"y"}"#);
+        assert_eq!(brief(&next[0]), t("a", 2, 2.into(), 2));
+    }
+
+    #[test]
+    fn a_sum_is_exact_for_integers_and_a_float_past_them() {
+        let log = Log::default();
+        let mut d = aggregating(&log, Emit::Updates, 0);
+        let big = r#"{"n":9223372036854775806,"u":null}"#;
+        assert_eq!(
+            totals(&mut d, "a", HOUR, big)[0]["sum"],
+            serde_json::json!(9_223_372_036_854_775_806_i64),
+            "exact"
+        );
+        let next = totals(&mut d, "a", HOUR, r#"{"n":2,"u":null}"#);
+        assert!(next[0]["sum"].is_f64(), "{}", next[0]);
+        assert_eq!(next[0]["distinct"], 0, "null is no value");
+    }
+
+    #[test]
+    fn a_window_at_its_cap_takes_no_new_group_or_value_and_still_counts_its_own() {
+        let log = Log::default();
+        let mut d = aggregating(&log, Emit::Updates, 0);
+        d.seen = Seen::new(d.seen.windows().clone()).capped(3);
+        // a and its value x: two held.
+        totals(&mut d, "a", HOUR, r#"{"n":1,"u":"x"}"#);
+        commit(&mut d, &log);
+        // Again a (its copy in the open unit is not a new group), and b without a value.
+        totals(&mut d, "a", HOUR, r#"{"n":1,"u":"x"}"#);
+        totals(&mut d, "b", HOUR, r#"{"n":1,"u":null}"#);
+        let mut full = input("c", HOUR);
+        full.value = Some(br#"{"n":1,"u":null}"#);
+        match d.apply(&full) {
+            Err(Failure::BadRecord(e)) => assert_eq!(e.reason, Reason::DedupFull),
+            other => panic!("{other:?}"),
+        }
+        let mut new_value = input("a", HOUR);
+        new_value.value = Some(br#"{"n":1,"u":"new"}"#);
+        assert!(matches!(d.apply(&new_value), Err(Failure::BadRecord(_))));
+        let next = totals(&mut d, "a", HOUR, r#"{"n":1,"u":"x"}"#);
+        assert_eq!(brief(&next[0]), t("a", 3, 3.into(), 1));
     }
 }

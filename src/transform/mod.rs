@@ -286,9 +286,9 @@ pub enum Reason {
     RouteRefused,
     /// The dedup cannot place the record: no key, no event time, or a time that is none.
     DedupInput,
-    /// The dedup's window for the record had closed (`--dedup-late dlq`).
+    /// The dedup's window for the record had closed (`--window-late dlq`).
     Late,
-    /// A new key for a dedup window that holds `--dedup-max-keys` keys already.
+    /// A new key for a dedup window that holds `--window-max-keys` keys already.
     DedupFull,
 }
 

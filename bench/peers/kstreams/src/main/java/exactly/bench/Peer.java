@@ -30,7 +30,7 @@ import org.apache.kafka.streams.state.Stores;
  * del(.drop)` does), and producer is shared (the default: the producer settings come from the
  * environment as exactly's do, so both systems run with the same ones) or own (Kafka Streams'
  * own producer defaults, to report against its best). Transform dedup is exactly's
- * `--dedup-window 1d` on the record timestamp and the Kafka key: the first record of each (UTC
+ * `--window 1d` on the record timestamp and the Kafka key: the first record of each (UTC
  * day, key) goes on, through a persistent (RocksDB) key-value store with its changelog, the way
  * Kafka Streams users write it (it has no dedup operator: KIP-655).
  */
