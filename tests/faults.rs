@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use nix::sys::signal::Signal;
 use rand::Rng;
+use rand::seq::SliceRandom;
 use serde_json::{Value, json};
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -47,8 +48,19 @@ struct Profile {
     /// Hostile records too (the storm): a far-future timestamp the output topic refuses
     /// every 500 records, a header name that is not UTF-8 every 500.
     hostile: bool,
-    /// Records for the dedup (the f-dedup scenario): 600 devices, three windows of an hour.
-    dedup: bool,
+    /// Through a windowed stage (the f-dedup and f-aggregate scenarios): 600 devices, three
+    /// windows of an hour.
+    stage: Stage,
+}
+
+/// The windowed stage a scenario runs through, if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    None,
+    /// The first record per (hour, device), each instance with a local store.
+    Dedup,
+    /// The count and the sum of `n` per (hour, device), as updates.
+    Aggregate,
 }
 
 fn profile() -> Profile {
@@ -63,7 +75,7 @@ fn profile() -> Profile {
             change_every: (10_000, 20_000),
             broker_kills: 2,
             hostile: false,
-            dedup: false,
+            stage: Stage::None,
         },
         _ => Profile {
             name: "reduced",
@@ -75,7 +87,7 @@ fn profile() -> Profile {
             change_every: (2_000, 4_000),
             broker_kills: 1,
             hostile: false,
-            dedup: false,
+            stage: Stage::None,
         },
     }
 }
@@ -87,7 +99,7 @@ fn record(i: usize, profile: Profile) -> In {
         73 => json!({"seq": i, "n": "x"}),
         _ => json!({"seq": i, "n": i, "fan": i.is_multiple_of(10)}),
     };
-    if profile.dedup {
+    if profile.stage != Stage::None {
         value["dev"] = json!(device(i));
         value["at"] = json!(dedup_start() + at(i, profile.records));
     }
@@ -131,6 +143,35 @@ const DEDUP: [&str; 7] = [
     "--window-time",
     ".at",
 ];
+
+/// The aggregate of the f-aggregate scenario: per device per hour as for the dedup, the records
+/// and the sum of their `n`, each record giving its group's new totals.
+const AGGREGATE: [&str; 11] = [
+    "--window",
+    "1h",
+    "--window-key",
+    ".dev",
+    "--window-key-partitioned",
+    "--window-time",
+    ".at",
+    "--aggregate",
+    "count,sum",
+    "--aggregate-sum",
+    ".n",
+];
+
+/// What the aggregate scenario's totals must be, worked out apart from exactly: per (hour,
+/// device), the records taken and the sum of their `n` (the record's number). A record that is
+/// not JSON, or whose `n` is a string, is a bad record and counts nowhere.
+fn aggregate_expected(records: usize) -> BTreeMap<(i64, usize), (u64, i64)> {
+    let mut totals = BTreeMap::new();
+    for i in (0..records).filter(|i| i % 100 != 37 && i % 100 != 73) {
+        let t: &mut (u64, i64) = totals.entry((window(i, records), device(i))).or_default();
+        t.0 += 1;
+        t.1 += i as i64;
+    }
+    totals
+}
 
 /// Record `i`'s device: 600 of them, each in the partition of its records (i % 6), each for 7
 /// records in a row of its partition, so its records land on every i % 100 (the poison ones
@@ -222,7 +263,7 @@ struct Run {
 
 impl Run {
     fn new(name: &str, instances: usize, extra: &[&str]) -> Run {
-        Self::scaled(name, instances, extra, 1, (false, false))
+        Self::scaled(name, instances, extra, 1, (false, Stage::None))
     }
 
     /// A run whose input is `scale` times the profile's (and lasts that much longer), with
@@ -232,15 +273,17 @@ impl Run {
         instances: usize,
         extra: &[&str],
         scale: usize,
-        (hostile, dedup): (bool, bool),
+        (hostile, stage): (bool, Stage),
     ) -> Run {
         let mut profile = profile();
         profile.records *= scale;
         profile.hostile = hostile;
-        profile.dedup = dedup;
+        profile.stage = stage;
         let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        if dedup {
-            extra.extend(DEDUP.iter().map(|s| s.to_string()));
+        match stage {
+            Stage::None => {}
+            Stage::Dedup => extra.extend(DEDUP.iter().map(|s| s.to_string())),
+            Stage::Aggregate => extra.extend(AGGREGATE.iter().map(|s| s.to_string())),
         }
         let topics = if hostile {
             // The output topic bounds timestamps to a day either way; input and DLQ do not.
@@ -281,7 +324,7 @@ impl Run {
             faults: Vec::new(),
             last_fault: None,
             started: Instant::now(),
-            state: dedup.then(|| tempfile::tempdir().expect("state directory")),
+            state: (stage == Stage::Dedup).then(|| tempfile::tempdir().expect("state directory")),
         };
         for i in 0..instances {
             run.start(i);
@@ -300,7 +343,8 @@ impl Run {
     /// Starts instance `i` with `more` arguments than the run's.
     fn start_with(&mut self, i: usize, more: &[&str]) {
         let mut args = base_args(&self.topics, &self.group, &format!("{}-{i}", self.name));
-        if !self.extra.iter().any(|a| a == "--call-url") {
+        // The aggregate's outputs are its totals, as they are.
+        if !self.extra.iter().any(|a| a == "--call-url") && self.profile.stage != Stage::Aggregate {
             args.extend(["--jq".to_string(), PROGRAM.to_string()]);
         }
         if !self.extra.iter().any(|a| a == "--transaction-timeout") {
@@ -319,6 +363,21 @@ impl Run {
     /// Instance `i`'s local store directory, in a dedup run.
     fn state_dir(&self, i: usize) -> Option<std::path::PathBuf> {
         Some(self.state.as_ref()?.path().join(i.to_string()))
+    }
+
+    /// Kills instance `i` with kill -9 and starts it again.
+    fn restart_killed(&mut self, i: usize) {
+        self.kill9(i);
+        self.start(i);
+    }
+
+    /// Starts every instance not running (after the last fault).
+    fn start_stopped(&mut self) {
+        for i in 0..self.live.len() {
+            if self.live[i].is_none() {
+                self.start(i);
+            }
+        }
     }
 
     fn retire(&mut self, i: usize) {
@@ -482,13 +541,13 @@ impl Run {
             &self.topics.output,
             "--group-id",
             &self.group,
-            "--jq",
-            PROGRAM,
             "--timeout",
             "30s",
         ];
-        if self.profile.dedup {
-            audit.extend(DEDUP);
+        match self.profile.stage {
+            Stage::None => audit.extend(["--jq", PROGRAM]),
+            Stage::Dedup => audit.extend(["--jq", PROGRAM].iter().chain(&DEDUP)),
+            Stage::Aggregate => audit.extend(AGGREGATE),
         }
         let (code, report) = audit_json(&audit);
         for f in [
@@ -514,14 +573,45 @@ impl Run {
             .filter(|&i| self.profile.hostile && rejected(i))
             .count();
         assert_eq!(report["rejected_by_broker"], rejected, "{report:#}");
-        if self.profile.dedup {
-            // The audit replays exactly's own dedup; this is worked out apart from it.
-            let (outputs, dlq, dropped) = dedup_expected(self.profile.records);
-            assert_eq!(report["outputs"], outputs, "{report:#}");
-            assert_eq!(report["dlq"], dlq, "{report:#}");
-            assert_eq!(report["dropped"], dropped, "{report:#}");
-        } else {
-            assert_eq!(report["dlq"], poison + rejected);
+        match self.profile.stage {
+            Stage::Dedup => {
+                // The audit replays exactly's own dedup; this is worked out apart from it.
+                let (outputs, dlq, dropped) = dedup_expected(self.profile.records);
+                assert_eq!(report["outputs"], outputs, "{report:#}");
+                assert_eq!(report["dlq"], dlq, "{report:#}");
+                assert_eq!(report["dropped"], dropped, "{report:#}");
+            }
+            Stage::Aggregate => {
+                // One output per record taken, and the last one of each (hour, device), in
+                // its output partition's order, holds the totals worked out apart.
+                assert_eq!(
+                    report["outputs"],
+                    self.profile.records - poison,
+                    "{report:#}"
+                );
+                assert_eq!(report["dlq"], poison, "{report:#}");
+                let mut last = BTreeMap::new();
+                for o in read_all(&self.topics.output, "read_committed") {
+                    let v = o.json();
+                    let hour = (v["start"].as_i64().unwrap() - dedup_start()) / HOUR;
+                    let dev: usize = v["group"].as_str().unwrap().parse().unwrap();
+                    let totals = (v["count"].as_u64().unwrap(), v["sum"].as_i64().unwrap());
+                    last.insert((hour, dev), totals);
+                }
+                let want = aggregate_expected(self.profile.records);
+                assert_eq!(
+                    last.len(),
+                    want.len(),
+                    "{}: (hour, device) pairs",
+                    self.name
+                );
+                assert!(
+                    last == want,
+                    "{}: the last totals differ from the model",
+                    self.name
+                );
+            }
+            Stage::None => assert_eq!(report["dlq"], poison + rejected),
         }
 
         let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
@@ -780,16 +870,14 @@ fn storm() {
     // restart alone take about 25 s (5× in the reduced profile: 100 s of input; 3× in full).
     let extra = ["--test-abort-probability", "0.33", "--static-membership"];
     let scale = if p.name == "full" { 3 } else { 5 };
-    let mut run = Run::scaled("f-storm", 3, &extra, scale, (true, false));
+    let mut run = Run::scaled("f-storm", 3, &extra, scale, (true, Stage::None));
     let mut rng = rand::rng();
     let mut plan: Vec<&str> = Vec::new();
     plan.extend(std::iter::repeat_n("kill", p.kills.div_ceil(2)));
     plan.extend(std::iter::repeat_n("term", p.terms.div_ceil(2)));
     plan.extend(std::iter::repeat_n("members", 2));
     plan.push("zombie");
-    for i in (1..plan.len()).rev() {
-        plan.swap(i, rng.random_range(0..=i));
-    }
+    plan.shuffle(&mut rng);
     // The broker restart goes last: an instance caught by a SIGTERM while the broker is down
     // cannot commit and does not exit 0 (it stops within the grace, leaving its open
     // transaction to the coordinator); that is not what the SIGTERM fault tests.
@@ -821,11 +909,7 @@ fn storm() {
             _ => broker_restart(&mut run),
         }
     }
-    for i in 0..3 {
-        if run.live[i].is_none() {
-            run.start(i);
-        }
-    }
+    run.start_stopped();
     let kinds: std::collections::BTreeSet<&str> = run
         .faults
         .iter()
@@ -841,6 +925,14 @@ fn storm() {
     run.finish();
 }
 
+/// A stateful scenario's faults: `faults`, and half the profile's kills, in random order.
+fn stateful_plan(faults: &[&'static str], p: Profile, rng: &mut impl Rng) -> Vec<&'static str> {
+    let mut plan = faults.to_vec();
+    plan.extend(std::iter::repeat_n("kill", p.kills.div_ceil(2)));
+    plan.shuffle(rng);
+    plan
+}
+
 /// The dedup (per device per hour, both instances with a local store) through every way its
 /// state can be caught out: a crash after a commit before the local store write, kill -9
 /// mid-transaction, kill -9 while a partition's state is being read back (slowed by a test
@@ -853,13 +945,9 @@ fn dedup_survives_crashes_and_rebalances() {
     let _s = serial();
     let p = profile();
     let scale = if p.name == "full" { 1 } else { 4 };
-    let mut run = Run::scaled("f-dedup", 2, &[], scale, (false, true));
+    let mut run = Run::scaled("f-dedup", 2, &[], scale, (false, Stage::Dedup));
     let mut rng = rand::rng();
-    let mut plan = vec!["store deleted", "members"];
-    plan.extend(std::iter::repeat_n("kill", p.kills.div_ceil(2)));
-    for i in (1..plan.len()).rev() {
-        plan.swap(i, rng.random_range(0..=i));
-    }
+    let mut plan = stateful_plan(&["store deleted", "members"], p, &mut rng);
     // First, while the input is young: the crash waits for commits of its own, and the run
     // must not end before the restore is killed.
     plan.splice(0..0, ["crash before store", "restore"]);
@@ -916,18 +1004,42 @@ fn dedup_survives_crashes_and_rebalances() {
                 r.start(i);
             }),
             "members" => change_membership(&mut run, 2),
-            _ => run.fault("kill -9", |r| {
-                r.kill9(i);
-                r.start(i);
-            }),
+            _ => run.fault("kill -9", |r| r.restart_killed(i)),
         }
     }
-    for i in 0..2 {
-        if run.live[i].is_none() {
-            run.start(i);
-        }
-    }
+    run.start_stopped();
     assert!(mid_restore > 0, "no kill landed during a restore");
+    assert_eq!(ran, planned, "the input ran out before every fault");
+    run.finish();
+}
+
+/// The windowed aggregates (count and sum per device per hour, as updates) through kill -9
+/// mid-transaction and members leaving and joining: their state is restored from the
+/// changelog alone (no local store yet). One output per record taken (the audit replays the
+/// aggregate from the start of each partition), and the last totals of each (hour, device)
+/// are the ones worked out apart from exactly (`aggregate_expected`).
+#[test]
+fn aggregates_survive_crashes_and_rebalances() {
+    let _s = serial();
+    let p = profile();
+    let scale = if p.name == "full" { 1 } else { 2 };
+    let mut run = Run::scaled("f-aggregate", 2, &[], scale, (false, Stage::Aggregate));
+    let mut rng = rand::rng();
+    let plan = stateful_plan(&["members"], p, &mut rng);
+    let (planned, mut ran) = (plan.len(), 0);
+    let step = 0.6 / plan.len() as f64;
+    for what in plan {
+        if !run.after_more_progress(step) {
+            break;
+        }
+        let i = rng.random_range(0..2);
+        ran += 1;
+        match what {
+            "members" => change_membership(&mut run, 2),
+            _ => run.fault("kill -9", |r| r.restart_killed(i)),
+        }
+    }
+    run.start_stopped();
     assert_eq!(ran, planned, "the input ran out before every fault");
     run.finish();
 }

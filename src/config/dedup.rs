@@ -138,9 +138,9 @@ pub struct AggregateArgs {
     #[arg(long, env = "EXACTLY_AGGREGATE_DISTINCT", value_name = "PROGRAM")]
     pub aggregate_distinct: Option<String>,
 
-    /// When aggregates are written.
-    #[arg(long, env = "EXACTLY_AGGREGATE_EMIT", value_enum, default_value_t = Emit::Updates)]
-    pub aggregate_emit: Emit,
+    /// When aggregates are written [default: updates].
+    #[arg(long, env = "EXACTLY_AGGREGATE_EMIT", value_enum)]
+    pub aggregate_emit: Option<Emit>,
 }
 
 /// The resolved aggregate configuration.
@@ -163,6 +163,7 @@ impl AggregateArgs {
             let set = [
                 ("--aggregate-sum", self.aggregate_sum.is_some()),
                 ("--aggregate-distinct", self.aggregate_distinct.is_some()),
+                ("--aggregate-emit", self.aggregate_emit.is_some()),
             ];
             if let Some((flag, _)) = set.iter().find(|(_, on)| *on) {
                 return Err(Error::Config(format!("{flag}: needs --aggregate")));
@@ -206,7 +207,7 @@ impl AggregateArgs {
             count: has(Measure::Count),
             sum: self.aggregate_sum,
             distinct: self.aggregate_distinct,
-            emit: self.aggregate_emit,
+            emit: self.aggregate_emit.unwrap_or(Emit::Updates),
         }))
     }
 }
@@ -271,9 +272,30 @@ impl DedupConfig {
     }
 }
 
+/// The environment variables of the stage's flags before they were renamed (`--dedup-*`):
+/// one still set is refused, naming its new name, since clap would ignore it and the stage
+/// would silently not run (or start on a new, empty changelog).
+pub fn renamed_env(names: impl IntoIterator<Item = String>) -> Result<(), Error> {
+    for name in names {
+        let Some(rest) = name.strip_prefix("EXACTLY_DEDUP_") else {
+            continue;
+        };
+        let new = match rest {
+            "CHANGELOG" => "EXACTLY_STATE_CHANGELOG".to_string(),
+            "WINDOW" => "EXACTLY_WINDOW".to_string(),
+            _ => format!("EXACTLY_WINDOW_{rest}"),
+        };
+        return Err(Error::Config(format!(
+            "{name}: renamed {new}; set that instead"
+        )));
+    }
+    Ok(())
+}
+
 impl DedupArgs {
     /// `None` without --window. `group`: the default changelog's prefix.
     pub fn resolve(self, state: DedupStateArgs, group: &str) -> Result<Option<DedupConfig>, Error> {
+        renamed_env(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()))?;
         let aggregate = self.aggregate.resolve(self.window.is_some())?;
         let Some(window) = self.window else {
             let set = [

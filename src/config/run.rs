@@ -701,6 +701,24 @@ mod tests {
     }
 
     #[test]
+    fn the_stages_old_environment_names_are_refused_naming_the_new_ones() {
+        use super::super::dedup::renamed_env;
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(renamed_env(names(&["EXACTLY_WINDOW", "PATH"])).is_ok());
+        for (old, new) in [
+            ("EXACTLY_DEDUP_WINDOW", "renamed EXACTLY_WINDOW;"),
+            ("EXACTLY_DEDUP_CHANGELOG", "renamed EXACTLY_STATE_CHANGELOG"),
+            (
+                "EXACTLY_DEDUP_KEY_PARTITIONED",
+                "renamed EXACTLY_WINDOW_KEY_PARTITIONED",
+            ),
+        ] {
+            let e = renamed_env(names(&["HOME", old])).unwrap_err().to_string();
+            assert!(e.starts_with(old) && e.contains(new), "{e}");
+        }
+    }
+
+    #[test]
     fn aggregates_resolve_with_their_programs_and_name_the_flag_they_refuse() {
         let c = parse(&[
             "--window",
@@ -745,6 +763,10 @@ mod tests {
                 "--state-dir",
             ),
             ([&w[..], &["--aggregate", "median"]].concat(), "median"),
+            (
+                vec!["--aggregate-emit", "final"],
+                "--aggregate-emit: needs --aggregate",
+            ),
         ] {
             let e = parse(&extra).expect_err(&format!("{extra:?} should fail"));
             assert!(e.contains(flag), "{extra:?}: {e}");

@@ -40,6 +40,10 @@ const CHECKPOINT: Duration = Duration::from_secs(10);
 /// transaction timeout plus 15 s).
 const RESTORE_BUDGET: Duration = Duration::from_secs(5);
 
+/// The most an aggregate's output takes besides its group (twice, as JSON text): the window's
+/// label twice, five numbers, the field names.
+const TOTALS_OVERHEAD: usize = 256;
+
 /// The windowed aggregates (`--aggregate`), the dedup's other mode.
 struct Aggregate {
     count: bool,
@@ -461,6 +465,16 @@ impl Dedup {
         let value = (agg.distinct.as_ref())
             .map(|p| distinct_of(p, input))
             .transpose()?;
+        let escaped = serde_json::to_string(&String::from_utf8_lossy(group)).map_or(0, |g| g.len());
+        // --max-output-bytes is the longest key's limit plus its changelog record's 18 bytes.
+        let max_output = self.max_key.saturating_add(18);
+        if escaped.saturating_mul(2).saturating_add(TOTALS_OVERHEAD) > max_output {
+            return Err(bad(format!(
+                "a group of {} bytes: its totals would be over --max-output-bytes",
+                group.len()
+            ))
+            .into());
+        }
         let distinct = value.flatten().map(|v| distinct_key(group, &v));
         if let Some(k) = distinct.as_ref().filter(|k| k.len() > self.max_key) {
             return Err(bad(format!(
@@ -490,9 +504,15 @@ impl Dedup {
             Verdict::First | Verdict::Duplicate => {
                 let mut outputs = Vec::new();
                 if agg.emit == Emit::Final {
+                    // A window closes whatever its outputs: one the program fails for goes
+                    // out as the plain totals with the failure's reason headers (the closing
+                    // record is not to blame, and would close it again and again).
                     for (w, totals) in self.seen.closing(tp, t) {
                         for (g, acc) in totals {
-                            outputs.extend(self.total_output(input, &w, &g, &acc)?);
+                            match self.total_output(input, &w, &g, &acc) {
+                                Ok(out) => outputs.extend(out),
+                                Err(e) => outputs.push(self.failed_total(&w, &g, &acc, &e)),
+                            }
                         }
                     }
                 } else {
@@ -518,8 +538,70 @@ impl Dedup {
         group: &[u8],
         acc: &Acc,
     ) -> Result<Vec<OutputRecord<'static>>, TransformError> {
+        let (key, value) = self.plain_total(window, group, acc)?;
+        let Some(jq) = &self.then else {
+            return Ok(vec![OutputRecord {
+                topic: None,
+                partition: None,
+                key: Some(Cow::Owned(key)),
+                value: Some(Cow::Owned(value)),
+                headers: OutputHeaders::Set(Vec::new()),
+            }]);
+        };
+        let totals = InputRecord {
+            key: Some(&key),
+            value: Some(&value),
+            headers: Vec::new(),
+            ..*input
+        };
+        let label = self.seen.windows().label(window);
+        let outputs = jq.apply_in(&totals, Some(&label))?;
+        Ok(outputs.into_iter().map(owned).collect())
+    }
+
+    /// The totals the program failed for (`final`), as they are, with the failure's reason
+    /// and message headers.
+    fn failed_total(
+        &self,
+        window: &Window,
+        group: &[u8],
+        acc: &Acc,
+        e: &TransformError,
+    ) -> OutputRecord<'static> {
+        warn!(
+            reason = e.reason.as_str(),
+            error = %e.message,
+            "a window's totals the --jq program failed for go out as they are"
+        );
+        let (key, value) = self.plain_total(window, group, acc).unwrap_or_default();
+        let headers = vec![
+            (
+                crate::headers::ERROR_REASON.to_string(),
+                Some(e.reason.as_str().into()),
+            ),
+            (
+                crate::headers::ERROR_MESSAGE.to_string(),
+                Some(e.message.clone().into_bytes()),
+            ),
+        ];
+        OutputRecord {
+            topic: None,
+            partition: None,
+            key: Some(Cow::Owned(key)),
+            value: Some(Cow::Owned(value)),
+            headers: OutputHeaders::Set(headers),
+        }
+    }
+
+    /// `group`'s totals `acc` in `window` as JSON key and value.
+    fn plain_total(
+        &self,
+        window: &Window,
+        group: &[u8],
+        acc: &Acc,
+    ) -> Result<(Vec<u8>, Vec<u8>), TransformError> {
         let Some(agg) = &self.aggregate else {
-            return Ok(Vec::new());
+            return Ok(Default::default());
         };
         let label = self.seen.windows().label(window);
         let group = String::from_utf8_lossy(group);
@@ -547,23 +629,7 @@ impl Dedup {
             .map_err(|e| bad(format!("the aggregate's key: {e}")))?;
         let value =
             serde_json::to_vec(&value).map_err(|e| bad(format!("the aggregate's value: {e}")))?;
-        let Some(jq) = &self.then else {
-            return Ok(vec![OutputRecord {
-                topic: None,
-                partition: None,
-                key: Some(Cow::Owned(key)),
-                value: Some(Cow::Owned(value)),
-                headers: OutputHeaders::Set(Vec::new()),
-            }]);
-        };
-        let totals = InputRecord {
-            key: Some(&key),
-            value: Some(&value),
-            headers: Vec::new(),
-            ..*input
-        };
-        let outputs = jq.apply_in(&totals, Some(&label))?;
-        Ok(outputs.into_iter().map(owned).collect())
+        Ok((key, value))
     }
 
     fn late_record(&self, window: &Window) -> Failure {
@@ -1375,6 +1441,7 @@ mod tests {
                 distinct: Some(".u".into()),
                 emit,
             }),
+            max_key: 1000,
             ..config(Late::Dlq)
         };
         let compile = |p| Some(Jq::compile(p, false, limits).unwrap());
@@ -1568,5 +1635,61 @@ mod tests {
         assert!(matches!(d.apply(&new_value), Err(Failure::BadRecord(_))));
         let next = totals(&mut d, "a", HOUR, r#"{"n":1,"u":"x"}"#);
         assert_eq!(brief(&next[0]), t("a", 3, 3.into(), 1));
+    }
+
+    #[test]
+    fn a_closing_window_whose_program_fails_for_a_group_still_closes_once() {
+        let log = Log::default();
+        let mut d = aggregating(&log, Emit::Final, 0);
+        let limits = crate::transform::Limits {
+            max_output_bytes: 1000,
+            max_outputs: 10,
+        };
+        let program =
+            r#"if .group == "b" then error("not b") else {g: .group, c: .count, w: $window} end"#;
+        d.then = Some(Jq::compile(program, false, limits).unwrap());
+        totals(&mut d, "a", HOUR, r#"{"n":1,"u":"x"}"#);
+        totals(&mut d, "b", HOUR, r#"{"n":1,"u":"x"}"#);
+        let mut closing = input("c", 25 * HOUR);
+        closing.value = Some(br#"{"n":1,"u":"x"}"#);
+        let out = d
+            .apply(&closing)
+            .expect("the closing record is not to blame");
+        assert_eq!(out.len(), 2);
+        let a: serde_json::Value =
+            serde_json::from_slice(out[0].value.as_deref().unwrap()).unwrap();
+        assert_eq!(a, serde_json::json!({"g": "a", "c": 1, "w": "1970-01-01"}));
+        let b: serde_json::Value =
+            serde_json::from_slice(out[1].value.as_deref().unwrap()).unwrap();
+        assert_eq!(brief(&b), t("b", 1, 1.into(), 1), "b as it is");
+        let OutputHeaders::Set(headers) = &out[1].headers else {
+            panic!("{:?}", out[1].headers)
+        };
+        assert_eq!(
+            headers[0],
+            (
+                crate::headers::ERROR_REASON.into(),
+                Some(b"jq_error".to_vec())
+            )
+        );
+        assert!(
+            totals(&mut d, "c", 26 * HOUR, r#"{"n":1,"u":"x"}"#).is_empty(),
+            "closed once"
+        );
+    }
+
+    #[test]
+    fn a_group_whose_totals_would_be_too_large_is_a_bad_record() {
+        let log = Log::default();
+        let mut d = aggregating(&log, Emit::Updates, 0);
+        let long: &'static str = Box::leak("g".repeat(400).into_boxed_str());
+        let mut record = input(long, HOUR);
+        record.value = Some(br#"{"n":1,"u":"x"}"#);
+        match d.apply(&record) {
+            Err(Failure::BadRecord(e)) => assert!(e.message.contains("400 bytes"), "{}", e.message),
+            other => panic!("{other:?}"),
+        }
+        let short: &'static str = Box::leak("g".repeat(300).into_boxed_str());
+        assert_eq!(totals(&mut d, short, HOUR, r#"{"n":1,"u":"x"}"#).len(), 1);
     }
 }
