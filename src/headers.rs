@@ -11,10 +11,9 @@ use crate::transform::{InputRecord, OutputHeaders, TransformError};
 
 /// Source topic, partition, offset and output index of a record.
 pub const LINEAGE: &str = "exactly.lineage";
-/// Why a record is in the DLQ: a [`crate::transform::Reason`] name.
-pub const ERROR_REASON: &str = "exactly.error.reason";
-/// The error message, for people.
-pub const ERROR_MESSAGE: &str = "exactly.error.message";
+/// Why a record is in the DLQ (a [`crate::transform::Reason`] name), and its message: the
+/// transform's, since the aggregates set them on a total its program failed for.
+pub use crate::transform::{ERROR_MESSAGE, ERROR_REASON};
 /// On a DLQ record whose value and input headers were left out (too large for the producer).
 pub const ERROR_TRUNCATED: &str = "exactly.error.truncated";
 /// Topic the DLQ record was read from.

@@ -576,11 +576,11 @@ impl Dedup {
         let (key, value) = self.plain_total(window, group, acc).unwrap_or_default();
         let headers = vec![
             (
-                crate::headers::ERROR_REASON.to_string(),
+                super::ERROR_REASON.to_string(),
                 Some(e.reason.as_str().into()),
             ),
             (
-                crate::headers::ERROR_MESSAGE.to_string(),
+                super::ERROR_MESSAGE.to_string(),
                 Some(e.message.clone().into_bytes()),
             ),
         ];
@@ -1668,7 +1668,7 @@ mod tests {
         assert_eq!(
             headers[0],
             (
-                crate::headers::ERROR_REASON.into(),
+                crate::transform::ERROR_REASON.into(),
                 Some(b"jq_error".to_vec())
             )
         );

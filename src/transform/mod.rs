@@ -263,6 +263,11 @@ pub struct OutputRecord<'a> {
     pub headers: OutputHeaders,
 }
 
+/// The header naming why a record is in the DLQ: a [`Reason`] name.
+pub const ERROR_REASON: &str = "exactly.error.reason";
+/// The header with the error message, for people.
+pub const ERROR_MESSAGE: &str = "exactly.error.message";
+
 /// Why a record could not be transformed. A small, fixed set: it is a metric label and a
 /// DLQ header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
