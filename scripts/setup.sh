@@ -5,7 +5,7 @@
 #
 #   scripts/setup.sh demo     build exactly and run the broker: a C/C++ toolchain, cmake,
 #                             pkg-config, perl, OpenSSL headers, Python 3, Java 17, Maven
-#   scripts/setup.sh stores   the offset stores' servers: redis-server, mariadb-server
+#   scripts/setup.sh stores   the stores' servers: redis-server, mariadb-server, postgresql-15
 #   scripts/setup.sh docker   a Docker engine and debootstrap (scripts/docker.sh)
 #   scripts/setup.sh tools    Prometheus and promtool (scripts/tools.sh; they check the alerts)
 #   scripts/setup.sh test     demo, stores and tools, and Node.js (the call-out's second
@@ -40,6 +40,7 @@ demo() {
 stores() {
   need redis-server redis-server
   need mariadbd mariadb-server
+  need /usr/lib/postgresql/15/bin/initdb postgresql-15
 }
 engine() {
   need dockerd docker.io

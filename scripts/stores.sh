@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The offset stores the tests import from and export to: a real Redis and a real MariaDB on
+# The stores the tests use: a real Redis and a real MariaDB (the offset stores the tests import
+# from and export to) and a real PostgreSQL 15 (the database sink, docs/database.md), on
 # 127.0.0.1 (free ports), their data under DIR, each with a password.
 #
 #   scripts/stores.sh start DIR    install redis-server and mariadb-server when missing (setup.sh),
-#                                  start both, print `export` lines for the tests:
-#                                  EXACTLY_TEST_REDIS_URL, EXACTLY_TEST_MYSQL_URL and
-#                                  EXACTLY_TEST_STORE_PASSWORD
-#   scripts/stores.sh stop DIR     stop both
+#                                  start the three, print `export` lines for the tests:
+#                                  EXACTLY_TEST_REDIS_URL, EXACTLY_TEST_MYSQL_URL,
+#                                  EXACTLY_TEST_POSTGRES_URL and EXACTLY_TEST_STORE_PASSWORD
+#   scripts/stores.sh stop DIR     stop them
 set -euo pipefail
 cmd=${1:-}
 dir=${2:-}
@@ -17,7 +18,17 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
+# Debian keeps PostgreSQL's server programs off PATH.
+PATH=$PATH:/usr/lib/postgresql/15/bin
+# PostgreSQL refuses to run as root: as root, its server runs as nobody.
+as_pg() {
+  if [ "$(id -u)" = 0 ]; then runuser -u nobody -- "$@"; else "$@"; fi
+}
+
 stop() {
+  if [ -f "$dir/pg/data/postmaster.pid" ]; then
+    as_pg pg_ctl -D "$dir/pg/data" -m fast -w stop >/dev/null 2>&1 || true
+  fi
   if [ -f "$dir/redis.pid" ]; then kill "$(cat "$dir/redis.pid")" 2>/dev/null || true; fi
   if [ -f "$dir/mariadb.pid" ]; then kill "$(cat "$dir/mariadb.pid")" 2>/dev/null || true; fi
   for _ in $(seq 50); do
@@ -71,8 +82,24 @@ CREATE TABLE offsets.kafka_offset (
 CREATE USER 'exactly'@'127.0.0.1' IDENTIFIED BY '$password';
 GRANT ALL ON offsets.* TO 'exactly'@'127.0.0.1';
 SQL
-log "Redis on 127.0.0.1:$redis_port, MariaDB on 127.0.0.1:$mysql_port (data in $dir)"
+pg_port=$(free_port)
+rm -rf "$dir/pg"
+mkdir -p "$dir/pg"
+printf '%s\n' "$password" >"$dir/pg/password"
+if [ "$(id -u)" = 0 ]; then
+  # nobody must reach its data directory: DIR is the test's private temp dir.
+  chmod o+x "$dir"
+  chown -R nobody "$dir/pg"
+fi
+as_pg initdb -D "$dir/pg/data" -U exactly --pwfile="$dir/pg/password" --auth=scram-sha-256 \
+  --no-sync --no-instructions >"$dir/pg/initdb.log" 2>&1 \
+  || { log "initdb failed: $dir/pg/initdb.log"; tail -20 "$dir/pg/initdb.log" >&2; exit 1; }
+as_pg pg_ctl -D "$dir/pg/data" -l "$dir/pg/server.log" -w -t 60 \
+  -o "-c listen_addresses=127.0.0.1 -p $pg_port -k $dir/pg -c fsync=off" start >/dev/null \
+  || { log "PostgreSQL did not start: $dir/pg/server.log"; tail -20 "$dir/pg/server.log" >&2; exit 1; }
+log "Redis on 127.0.0.1:$redis_port, MariaDB on 127.0.0.1:$mysql_port, PostgreSQL on 127.0.0.1:$pg_port (data in $dir)"
 echo "export EXACTLY_TEST_REDIS_URL=redis://127.0.0.1:$redis_port/0"
 echo "export EXACTLY_TEST_MYSQL_URL=mysql://exactly@127.0.0.1:$mysql_port/offsets"
 echo "export EXACTLY_TEST_MYSQL_SOCKET=$dir/mariadb.sock"
+echo "export EXACTLY_TEST_POSTGRES_URL=postgres://exactly@127.0.0.1:$pg_port/postgres"
 echo "export EXACTLY_TEST_STORE_PASSWORD=$password"

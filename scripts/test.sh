@@ -12,7 +12,8 @@ if ! scripts/kafka.sh status; then
   scripts/kafka.sh start
   started=1
 fi
-# Redis and MariaDB for the offset stores (tests/offsets.rs), data under a temp dir.
+# Redis and MariaDB for the offset stores (tests/offsets.rs), PostgreSQL for the database
+# sink (tests/postgres.rs), data under a temp dir.
 stores=$(mktemp -d "${TMPDIR:-/tmp}/exactly-stores.XXXXXX")
 stop() {
   if [ "${EXACTLY_DOCKERD_STARTED:-0}" = 1 ]; then scripts/docker.sh stop || true; fi

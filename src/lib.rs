@@ -65,6 +65,9 @@
 //! - [`offsets`]: where a group's offsets are kept, one file per store (the Kafka group,
 //!   Redis, MySQL, files), and `exactly offsets show|import|export`, which moves a position
 //!   between them; the audit reads the group's committed offsets through it.
+//! - [`db`]: PostgreSQL for the database sink (issue 25, docs/database.md; not wired into a
+//!   sink yet): one bounded connection whose failures carry their SQLSTATE, and the offsets
+//!   table each partition's offset moves in by compare-and-set on its owner's epoch.
 //! - [`state_command`]: `exactly state show|import`: one key's windows in the dedup's
 //!   changelog, and the seed's Redis sets (`dau:<dt>`) loaded into it for the cut-over.
 //! - [`audit`]: `exactly audit`, which replays the transform (or the application's answers)
@@ -76,6 +79,7 @@
 pub mod audit;
 pub mod backoff;
 pub mod config;
+pub mod db;
 pub mod error;
 pub mod events;
 pub mod headers;

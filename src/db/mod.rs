@@ -1,0 +1,234 @@
+//! PostgreSQL, for the database sink (docs/database.md): one connection on a runtime of its
+//! own (the sink's loop is synchronous), every call bounded on the client side as well as the
+//! server's, and every failure with its SQLSTATE, so the sink can tell a deadlock from a bad
+//! row from a lost connection.
+//!
+//! [`offsets`] is the offsets table: each partition's next offset and its owner's epoch, moved
+//! by compare-and-set in the transaction that writes the rows.
+
+pub mod offsets;
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio_postgres::{Client, NoTls};
+
+/// A PostgreSQL call that failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Failure {
+    /// The SQLSTATE, when the server said why (`40P01`: a deadlock).
+    pub code: Option<String>,
+    /// The connection is gone: nothing more goes through it. A COMMIT that failed so has an
+    /// unknown outcome (the offsets table tells).
+    pub closed: bool,
+    /// For people: the server's message and detail, or the client's.
+    pub message: String,
+}
+
+impl Failure {
+    fn client(message: String) -> Failure {
+        Failure {
+            code: None,
+            closed: false,
+            message,
+        }
+    }
+
+    /// Whether the server refused the statement for the data in it (classes 22, data, and
+    /// 23, integrity constraints): the row is at fault, not the database.
+    pub fn is_data(&self) -> bool {
+        self.code
+            .as_deref()
+            .is_some_and(|c| c.starts_with("22") || c.starts_with("23"))
+    }
+
+    /// Whether trying the transaction again may succeed (class 40: serialization failures
+    /// and deadlocks).
+    pub fn is_retryable(&self) -> bool {
+        self.code.as_deref().is_some_and(|c| c.starts_with("40"))
+    }
+}
+
+impl From<tokio_postgres::Error> for Failure {
+    fn from(e: tokio_postgres::Error) -> Failure {
+        // Display says only "db error" for a server's error: its message is in the DbError.
+        let message = match e.as_db_error() {
+            Some(db) => match db.detail() {
+                Some(detail) => format!("{}: {detail}", db.message()),
+                None => db.message().to_string(),
+            },
+            None => e.to_string(),
+        };
+        Failure {
+            code: e.code().map(|c| c.code().to_string()),
+            closed: e.is_closed(),
+            message,
+        }
+    }
+}
+
+/// How much longer than the server's bound the client waits.
+const CLIENT_MARGIN: Duration = Duration::from_secs(1);
+
+/// How long the server lets one statement, one lock wait and an idle transaction run, and
+/// how long the client waits for any answer.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    /// The server's `statement_timeout` and `lock_timeout`, and the client's wait.
+    pub statement: Duration,
+    /// The server's `idle_in_transaction_session_timeout`: a zombie's open transaction ends.
+    pub idle_in_transaction: Duration,
+}
+
+/// One connection to PostgreSQL.
+pub struct Db {
+    runtime: tokio::runtime::Runtime,
+    client: Client,
+    bounds: Bounds,
+}
+
+impl Db {
+    /// Connects to `url` (a libpq URL or key=value string), with `password` if given (kept out
+    /// of the URL, so logs never show it).
+    pub fn connect(url: &str, password: Option<&str>, bounds: Bounds) -> Result<Db, Failure> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Failure::client(format!("a runtime for PostgreSQL: {e}")))?;
+        let mut config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| Failure::client(format!("not a PostgreSQL URL: {e}")))?;
+        if let Some(p) = password {
+            config.password(p);
+        }
+        let ms = |d: Duration| d.as_millis().max(1);
+        config
+            .application_name("exactly")
+            .connect_timeout(bounds.statement)
+            .options(format!(
+                "-c statement_timeout={} -c lock_timeout={} -c idle_in_transaction_session_timeout={}",
+                ms(bounds.statement),
+                ms(bounds.statement),
+                ms(bounds.idle_in_transaction),
+            ));
+        // A timer needs the runtime: made inside it.
+        let connect = async { tokio::time::timeout(bounds.statement, config.connect(NoTls)).await };
+        let (client, connection) = match runtime.block_on(connect) {
+            Ok(connected) => connected?,
+            Err(_) => {
+                return Err(Failure::client(format!(
+                    "no connection within {:?}",
+                    bounds.statement
+                )));
+            }
+        };
+        // The connection's own task: it moves the messages, and ends when the server goes.
+        runtime.spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::warn!(error = %Failure::from(e), "the PostgreSQL connection ended");
+            }
+        });
+        Ok(Db {
+            runtime,
+            client,
+            bounds,
+        })
+    }
+
+    /// Runs `work` with the client, bounded: the server ends a statement past its bound itself
+    /// (`57014`); the client waits a second longer, for a server that does not answer at all,
+    /// then cancels the query on the server and fails the call (the client has no query
+    /// timeout of its own).
+    pub fn call<'s, T, F>(&'s self, work: impl FnOnce(&'s Client) -> F) -> Result<T, Failure>
+    where
+        F: Future<Output = Result<T, tokio_postgres::Error>> + 's,
+    {
+        let wait = self.bounds.statement + CLIENT_MARGIN;
+        let work = work(&self.client);
+        match (self.runtime).block_on(async { tokio::time::timeout(wait, work).await }) {
+            Ok(done) => done.map_err(Failure::from),
+            Err(_) => {
+                let cancel = self.client.cancel_token();
+                let cancelled = (self.runtime).block_on(async {
+                    tokio::time::timeout(wait, cancel.cancel_query(NoTls)).await
+                });
+                let how = match cancelled {
+                    Ok(Ok(())) => "cancelled",
+                    _ => "could not be cancelled",
+                };
+                Err(Failure::client(format!(
+                    "no answer within {wait:?}; the query {how}"
+                )))
+            }
+        }
+    }
+
+    /// Runs `sql` (statements without parameters, `BEGIN`, `COMMIT`), bounded.
+    pub fn batch(&self, sql: &str) -> Result<(), Failure> {
+        self.call(|c| c.batch_execute(sql))
+    }
+}
+
+/// `name` as an SQL identifier: `schema.table` or `table`, each part letters, digits and `_`,
+/// quoted (so a name is never SQL).
+pub fn identifier(name: &str) -> Result<String, String> {
+    let parts: Vec<&str> = name.split('.').collect();
+    let plain = |p: &str| {
+        p.chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && p.len() <= 63
+    };
+    if parts.len() > 2 || !parts.iter().all(|p| plain(p)) {
+        return Err(format!(
+            "'{name}' is not a table name (letters, digits and _, optionally schema.table)"
+        ));
+    }
+    Ok(parts
+        .iter()
+        .map(|p| format!("\"{p}\""))
+        .collect::<Vec<_>>()
+        .join("."))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_become_quoted_identifiers_and_anything_else_is_refused() {
+        assert_eq!(
+            identifier("exactly_offsets").unwrap(),
+            "\"exactly_offsets\""
+        );
+        assert_eq!(
+            identifier("sink.Offsets_2").unwrap(),
+            "\"sink\".\"Offsets_2\""
+        );
+        for bad in [
+            "",
+            "a.b.c",
+            "1abc",
+            "a-b",
+            "a\"; drop table x; --",
+            "a.",
+            &"x".repeat(64),
+        ] {
+            assert!(identifier(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn failures_say_whose_they_are() {
+        let of = |code: &str| Failure {
+            code: Some(code.into()),
+            closed: false,
+            message: String::new(),
+        };
+        assert!(of("23505").is_data() && of("22P02").is_data() && !of("40P01").is_data());
+        assert!(of("40P01").is_retryable() && of("40001").is_retryable());
+        assert!(!of("57P01").is_retryable() && !Failure::client("x".into()).is_data());
+    }
+}

@@ -1,0 +1,176 @@
+//! The database sink's pieces against a real PostgreSQL 15 (`scripts/stores.sh`, docs/database.md):
+//! the offsets table's claims, compare-and-set and fencing, bounded calls, and failures that
+//! carry the server's SQLSTATE.
+
+use std::time::Duration;
+
+use exactly::db::offsets::{Advance, Claimed, Offsets};
+use exactly::db::{Bounds, Db};
+
+fn connect(statement: Duration) -> Db {
+    let url = std::env::var("EXACTLY_TEST_POSTGRES_URL")
+        .expect("EXACTLY_TEST_POSTGRES_URL: run the tests through scripts/test.sh");
+    let password = std::env::var("EXACTLY_TEST_STORE_PASSWORD").unwrap();
+    let bounds = Bounds {
+        statement,
+        idle_in_transaction: Duration::from_secs(30),
+    };
+    Db::connect(&url, Some(&password), bounds).expect("connected")
+}
+
+fn db() -> Db {
+    connect(Duration::from_secs(10))
+}
+
+/// A table name of its own for each test run.
+fn unique(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{prefix}_{}_{nanos}", std::process::id())
+}
+
+fn claimed(partition: i32, next: Option<i64>, epoch: i64) -> Claimed {
+    Claimed {
+        partition,
+        next,
+        epoch,
+    }
+}
+
+fn advance(partition: i32, from: Option<i64>, to: i64, epoch: i64) -> Advance {
+    Advance {
+        partition,
+        from,
+        to,
+        epoch,
+    }
+}
+
+#[test]
+fn a_claim_fences_the_previous_owner_and_offsets_move_only_with_their_owners_epoch() {
+    let (a, b) = (db(), db());
+    let table = unique("offsets");
+    let first = Offsets::new(&table, "g", "instance-a").unwrap();
+    let second = Offsets::new(&table, "g", "instance-b").unwrap();
+    first.create(&a).unwrap();
+    first.create(&a).unwrap();
+    // Missing rows take their seed (the group's Kafka offset), or none.
+    let got = first.claim(&a, "in", &[(0, Some(40)), (1, None)]).unwrap();
+    assert_eq!(got, [claimed(0, Some(40), 1), claimed(1, None, 1)]);
+    // Moved in a transaction that commits; one rolled back moves nothing.
+    a.batch("BEGIN").unwrap();
+    let fenced = first
+        .advance(&a, "in", &[advance(0, Some(40), 50, 1)])
+        .unwrap();
+    assert!(fenced.is_empty());
+    a.batch("COMMIT").unwrap();
+    a.batch("BEGIN").unwrap();
+    first
+        .advance(&a, "in", &[advance(0, Some(50), 60, 1)])
+        .unwrap();
+    a.batch("ROLLBACK").unwrap();
+    // A second instance claims both: a row there is keeps its offset, whatever the seed.
+    let got = second
+        .claim(&b, "in", &[(0, Some(0)), (1, Some(7))])
+        .unwrap();
+    assert_eq!(got, [claimed(0, Some(50), 2), claimed(1, None, 2)]);
+    // The first, stale, moves nothing: both fenced.
+    a.batch("BEGIN").unwrap();
+    let fenced = (first.advance(
+        &a,
+        "in",
+        &[advance(0, Some(50), 70, 1), advance(1, None, 5, 1)],
+    ))
+    .unwrap();
+    assert_eq!(fenced, [0, 1]);
+    a.batch("ROLLBACK").unwrap();
+    // An offset other than the owner's last one is no move either.
+    b.batch("BEGIN").unwrap();
+    let stale = second
+        .advance(&b, "in", &[advance(0, Some(40), 55, 2)])
+        .unwrap();
+    assert_eq!(stale, [0]);
+    b.batch("ROLLBACK").unwrap();
+    b.batch("BEGIN").unwrap();
+    let fenced = (second.advance(
+        &b,
+        "in",
+        &[advance(0, Some(50), 55, 2), advance(1, None, 3, 2)],
+    ))
+    .unwrap();
+    assert!(fenced.is_empty());
+    b.batch("COMMIT").unwrap();
+    let rows = first.read(&a, "in", &[0, 1, 2]).unwrap();
+    assert_eq!(rows, [claimed(0, Some(55), 2), claimed(1, Some(3), 2)]);
+    // Another group's rows are its own.
+    let other = Offsets::new(&table, "other", "instance-a").unwrap();
+    assert!(other.read(&a, "in", &[0, 1]).unwrap().is_empty());
+    a.batch(&format!("DROP TABLE \"{table}\"")).unwrap();
+}
+
+#[test]
+fn a_call_past_its_bound_is_cancelled_on_the_server_and_the_connection_goes_on() {
+    let db = connect(Duration::from_millis(500));
+    // The server would wait 20 s: the client's bound ends it.
+    db.batch("SET statement_timeout = '20s'").unwrap();
+    let started = std::time::Instant::now();
+    let e = db.batch("SELECT pg_sleep(10)").unwrap_err();
+    assert!(
+        e.message.contains("no answer within") && e.message.contains("cancelled"),
+        "{e:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // The cancel reached the server: the next call is answered at once.
+    db.batch("SELECT 1").unwrap();
+    // The server's own bound: statement_timeout, set at connect from the same bound.
+    db.batch("RESET statement_timeout").unwrap();
+    let e = db.batch("SELECT pg_sleep(2)").unwrap_err();
+    assert_eq!(e.code.as_deref(), Some("57014"), "{e:?}");
+}
+
+#[test]
+fn failures_carry_the_servers_sqlstate_and_say_whose_they_are() {
+    let db = db();
+    let table = unique("rows");
+    db.batch(&format!(
+        "CREATE TABLE \"{table}\" (id int PRIMARY KEY, n int NOT NULL)"
+    ))
+    .unwrap();
+    db.batch(&format!("INSERT INTO \"{table}\" VALUES (1, 1)"))
+        .unwrap();
+    let duplicate = db
+        .batch(&format!("INSERT INTO \"{table}\" VALUES (1, 2)"))
+        .unwrap_err();
+    assert_eq!(duplicate.code.as_deref(), Some("23505"));
+    assert!(duplicate.is_data() && !duplicate.is_retryable());
+    assert!(duplicate.message.contains("duplicate key"), "{duplicate:?}");
+    let not_a_number = (db.batch(&format!("INSERT INTO \"{table}\" VALUES (2, 'x')"))).unwrap_err();
+    assert_eq!(not_a_number.code.as_deref(), Some("22P02"));
+    let missing = db.batch("SELECT * FROM no_such_table").unwrap_err();
+    assert_eq!(missing.code.as_deref(), Some("42P01"));
+    assert!(!missing.is_data());
+    db.batch(&format!("DROP TABLE \"{table}\"")).unwrap();
+}
+
+#[test]
+fn a_wrong_password_or_a_closed_port_fails_to_connect_saying_why() {
+    let url = std::env::var("EXACTLY_TEST_POSTGRES_URL").expect("EXACTLY_TEST_POSTGRES_URL");
+    let bounds = Bounds {
+        statement: Duration::from_secs(5),
+        idle_in_transaction: Duration::from_secs(5),
+    };
+    let e = Db::connect(&url, Some("wrong"), bounds)
+        .err()
+        .expect("refused");
+    assert_eq!(e.code.as_deref(), Some("28P01"), "{e:?}");
+    let closed = Db::connect("postgres://exactly@127.0.0.1:1/postgres", None, bounds)
+        .err()
+        .expect("nobody listens on port 1");
+    assert!(closed.code.is_none(), "{closed:?}");
+}
