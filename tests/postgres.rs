@@ -174,3 +174,82 @@ fn a_wrong_password_or_a_closed_port_fails_to_connect_saying_why() {
         .expect("nobody listens on port 1");
     assert!(closed.code.is_none(), "{closed:?}");
 }
+
+/// The rows of `table` as (id, name, n), by id.
+fn rows_of(db: &Db, table: &str) -> Vec<(i32, Option<String>, i32)> {
+    let sql = format!("SELECT id, name, n FROM \"{table}\" ORDER BY id");
+    db.call(|c| async move { c.query(&sql, &[]).await })
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+#[test]
+fn rows_are_upserted_by_key_last_wins_and_a_bad_row_is_named_while_the_rest_is_written() {
+    use exactly::db::rows::{Table, Unwritten};
+    use serde_json::json;
+
+    let db = db();
+    let table = unique("sales");
+    db.batch(&format!(
+        "CREATE TABLE \"{table}\" (id int PRIMARY KEY, name text, n int NOT NULL CHECK (n < 100))"
+    ))
+    .unwrap();
+    let t = Table::describe(&db, &table).unwrap();
+    assert_eq!(t.columns(), ["id", "name", "n"]);
+    let missing = Table::describe(&db, "no_such_table").unwrap_err();
+    assert!(missing.contains("does not exist"), "{missing}");
+    let keyless = unique("keyless");
+    db.batch(&format!("CREATE TABLE \"{keyless}\" (a int)"))
+        .unwrap();
+    let e = Table::describe(&db, &keyless).unwrap_err();
+    assert!(e.contains("no primary key"), "{e}");
+
+    // Two rows of one key in a batch: the last wins (one statement cannot update a row twice).
+    db.batch("BEGIN").unwrap();
+    let batch = [
+        (0, json!({"id": 2, "name": "b", "n": 2})),
+        (1, json!({"id": 1, "name": "a", "n": 1})),
+        (2, json!({"id": 1, "name": "a2", "n": 3, "extra": true})),
+    ];
+    t.upsert(&db, &batch).unwrap();
+    db.batch("COMMIT").unwrap();
+    assert_eq!(
+        rows_of(&db, &table),
+        [(1, Some("a2".into()), 3), (2, Some("b".into()), 2)]
+    );
+    // Rows the server refuses for what they hold are named; the others are written.
+    db.batch("BEGIN").unwrap();
+    let batch = [
+        (0, json!({"id": 2, "n": 20})),
+        (1, json!({"id": 4, "n": "x"})),
+        (2, json!({"id": 5})),
+        (3, json!({"id": 6, "n": 6})),
+        (4, json!({"id": 7, "n": 700})),
+    ];
+    match t.upsert(&db, &batch) {
+        Err(Unwritten::Rows(refused)) => {
+            let why: Vec<(usize, Option<&str>)> = (refused.iter())
+                .map(|(i, e)| (*i, e.code.as_deref()))
+                .collect();
+            assert_eq!(
+                why,
+                [(1, Some("22P02")), (2, Some("23502")), (4, Some("23514"))]
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    db.batch("COMMIT").unwrap();
+    assert_eq!(
+        rows_of(&db, &table),
+        [(1, Some("a2".into()), 3), (2, None, 20), (6, None, 6)]
+    );
+    // Rolled back, nothing.
+    db.batch("BEGIN").unwrap();
+    t.upsert(&db, &[(0, json!({"id": 9, "n": 9}))]).unwrap();
+    db.batch("ROLLBACK").unwrap();
+    assert_eq!(rows_of(&db, &table).len(), 3);
+    db.batch(&format!("DROP TABLE \"{table}\"; DROP TABLE \"{keyless}\""))
+        .unwrap();
+}

@@ -4,9 +4,10 @@
 //! row from a lost connection.
 //!
 //! [`offsets`] is the offsets table: each partition's next offset and its owner's epoch, moved
-//! by compare-and-set in the transaction that writes the rows.
+//! by compare-and-set in the transaction that writes the rows; [`rows`] writes the rows.
 
 pub mod offsets;
+pub mod rows;
 
 use std::future::Future;
 use std::time::Duration;
