@@ -16,6 +16,10 @@
 # up, and the restart reads only the changelog after the store's last mark.
 #
 # One JSON object per system on stdout (output_end_offsets counts the transaction markers too).
+# SYSTEMS="… exactly-aggregate" adds exactly's windowed aggregates on the same input: the count
+# and the distinct app versions per device per day, each day's totals once it closes
+# (--aggregate-emit final; with GRACE=1h the first two days close, the third stays open);
+# AGGREGATE="--aggregate count" measures another set of measures.
 # SYSTEMS="… kstreams-txn" adds Kafka Streams 4.4.0 (built apart, in target-4.4.0) with the
 # KIP-892 transactional state stores (BENCH_STREAMS_CONFIG); the broker stays 4.1.1.
 set -euo pipefail
@@ -101,6 +105,10 @@ for system in ${SYSTEMS:-exactly exactly-store kstreams}; do
     exactly-store)
       read -ra a <<<"$(exactly_args "dau-$system" "dau-$system" --state-dir "$state")"
       "$exactly" "${a[@]}" 2>"$EXACTLY_KAFKA_DIR/$system.log" & ;;
+    exactly-aggregate)
+      read -ra a <<<"$(exactly_args "dau-$system" "dau-$system" --aggregate-emit final \
+        ${AGGREGATE:---aggregate count,distinct --aggregate-distinct .app})"
+      "$exactly" "${a[@]}" 2>"$EXACTLY_KAFKA_DIR/$system.log" & ;;
     kstreams)
       BENCH_LINGER_MS=5 BENCH_BATCH_SIZE=262144 BENCH_COMPRESSION=none \
         java -Xmx1g -cp "$peer_cp" exactly.bench.Peer "$bootstrap" starts "dau-$system" \
@@ -118,6 +126,9 @@ done
 if [[ " ${SYSTEMS:-exactly} " == *" exactly "* ]]; then
   read -ra a <<<"$(exactly_args dau-exactly dau-exactly)"
   echo "{\"restart\": \"memory only\", \"restore\": $(restore "$EXACTLY_KAFKA_DIR/restart.log" "${a[@]}")}"
+fi
+if [[ " ${SYSTEMS:-exactly-store} " != *" exactly-store "* ]]; then
+  exit 0
 fi
 read -ra a <<<"$(exactly_args dau-exactly-store dau-exactly-store --state-dir "$state")"
 echo "{\"restart\": \"--state-dir\", \"restore\": $(restore "$EXACTLY_KAFKA_DIR/restart-store.log" "${a[@]}")}"
