@@ -19,7 +19,8 @@
 # SYSTEMS="… exactly-aggregate" adds exactly's windowed aggregates on the same input: the count
 # and the distinct app versions per device per day, each day's totals once it closes
 # (--aggregate-emit final; with GRACE=1h the first two days close, the third stays open);
-# AGGREGATE="--aggregate count" measures another set of measures.
+# AGGREGATE="--aggregate count" measures another set of measures; SYSTEMS="… kstreams-count"
+# is Kafka Streams' count per device per day, each day once it closes (the peer's `count`).
 # SYSTEMS="… kstreams-txn" adds Kafka Streams 4.4.0 (built apart, in target-4.4.0) with the
 # KIP-892 transactional state stores (BENCH_STREAMS_CONFIG); the broker stays 4.1.1.
 set -euo pipefail
@@ -81,6 +82,17 @@ print(json.dumps({"restore_seconds": round(float(done) - float(started), 2),
 EOF
 }
 
+# GRACE (1h, 3d, 30m) in milliseconds, for the Kafka Streams count.
+grace_ms() {
+  local g=${GRACE:-3d}
+  case "$g" in
+    *d) echo $((${g%d} * 86400000)) ;;
+    *h) echo $((${g%h} * 3600000)) ;;
+    *m) echo $((${g%m} * 60000)) ;;
+    *) echo "bench/dedup.sh: GRACE=$g: use d, h or m" >&2; exit 2 ;;
+  esac
+}
+
 drain() { # system group output pid
   local result
   result=$("${loadgen[@]}" drain --topic starts --group "$2" --pid "$4")
@@ -113,6 +125,11 @@ for system in ${SYSTEMS:-exactly exactly-store kstreams}; do
       BENCH_LINGER_MS=5 BENCH_BATCH_SIZE=262144 BENCH_COMPRESSION=none \
         java -Xmx1g -cp "$peer_cp" exactly.bench.Peer "$bootstrap" starts "dau-$system" \
         "dau-$system" exactly_once_v2 100 dedup shared 2>"$EXACTLY_KAFKA_DIR/$system.log" & ;;
+    kstreams-count)
+      BENCH_LINGER_MS=5 BENCH_BATCH_SIZE=262144 BENCH_COMPRESSION=none \
+        BENCH_WINDOW_GRACE_MS=$(grace_ms) java -Xmx1g -cp "$peer_cp" exactly.bench.Peer \
+        "$bootstrap" starts "dau-$system" "dau-$system" exactly_once_v2 100 count shared \
+        2>"$EXACTLY_KAFKA_DIR/$system.log" & ;;
     kstreams-txn)
       BENCH_LINGER_MS=5 BENCH_BATCH_SIZE=262144 BENCH_COMPRESSION=none \
         BENCH_STREAMS_CONFIG=${BENCH_STREAMS_CONFIG:-enable.transactional.statestores=true} \

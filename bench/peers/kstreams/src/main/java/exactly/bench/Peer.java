@@ -2,6 +2,8 @@ package exactly.bench;
 
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
 import java.time.Instant;
 import java.util.Properties;
 import java.util.concurrent.CountDownLatch;
@@ -10,10 +12,15 @@ import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.streams.KafkaStreams;
 import org.apache.kafka.streams.StreamsBuilder;
+import org.apache.kafka.streams.KeyValue;
 import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.kstream.Consumed;
+import org.apache.kafka.streams.kstream.Grouped;
 import org.apache.kafka.streams.kstream.KStream;
+import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Produced;
+import org.apache.kafka.streams.kstream.Suppressed;
+import org.apache.kafka.streams.kstream.TimeWindows;
 import org.apache.kafka.streams.processor.api.Processor;
 import org.apache.kafka.streams.processor.api.ProcessorContext;
 import org.apache.kafka.streams.processor.api.Record;
@@ -32,7 +39,10 @@ import org.apache.kafka.streams.state.Stores;
  * own producer defaults, to report against its best). Transform dedup is exactly's
  * `--window 1d` on the record timestamp and the Kafka key: the first record of each (UTC
  * day, key) goes on, through a persistent (RocksDB) key-value store with its changelog, the way
- * Kafka Streams users write it (it has no dedup operator: KIP-655).
+ * Kafka Streams users write it (it has no dedup operator: KIP-655). Transform count is
+ * exactly's `--window 1d --aggregate count --aggregate-emit final`: the records per (UTC day,
+ * key), each day's count once it closes (`windowedBy(…).count()` with
+ * `suppress(untilWindowCloses)`), the grace from BENCH_WINDOW_GRACE_MS (default an hour).
  */
 public final class Peer {
   private static final ObjectMapper JSON = new ObjectMapper();
@@ -81,7 +91,7 @@ public final class Peer {
     if (!shared && !(args.length == 8 && args[7].equals("own"))) {
       System.err.println(
           "usage: Peer bootstrap input output application-id guarantee commit-interval-ms"
-              + " passthrough|enrich|dedup [shared|own]");
+              + " passthrough|enrich|dedup|count [shared|own]");
       System.exit(2);
     }
     Properties p = new Properties();
@@ -130,6 +140,24 @@ public final class Peer {
           Stores.keyValueStoreBuilder(
               Stores.persistentKeyValueStore("seen"), Serdes.ByteArray(), Serdes.ByteArray()));
       out = in.process(FirstPerDay::new, "seen");
+    } else if (args[6].equals("count")) {
+      String g = System.getenv("BENCH_WINDOW_GRACE_MS");
+      Duration grace = Duration.ofMillis(g == null ? 3_600_000L : Long.parseLong(g));
+      out =
+          in.groupByKey(Grouped.with(Serdes.ByteArray(), Serdes.ByteArray()))
+              .windowedBy(TimeWindows.ofSizeAndGrace(Duration.ofDays(1), grace))
+              .count(Materialized.with(Serdes.ByteArray(), Serdes.Long()))
+              .suppress(Suppressed.untilWindowCloses(Suppressed.BufferConfig.unbounded()))
+              .toStream()
+              .map(
+                  (w, n) -> {
+                    String day = Instant.ofEpochMilli(w.window().start()).toString().substring(0, 10);
+                    String key = new String(w.key(), StandardCharsets.UTF_8);
+                    String v = "{\"window\":\"" + day + "\",\"group\":\"" + key + "\",\"count\":" + n + "}";
+                    return KeyValue.pair(
+                        ("[\"" + day + "\",\"" + key + "\"]").getBytes(StandardCharsets.UTF_8),
+                        v.getBytes(StandardCharsets.UTF_8));
+                  });
     } else {
       out = args[6].equals("enrich") ? in.mapValues(Peer::enrich) : in;
     }
