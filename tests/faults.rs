@@ -59,7 +59,8 @@ enum Stage {
     None,
     /// The first record per (hour, device), each instance with a local store.
     Dedup,
-    /// The count and the sum of `n` per (hour, device), as updates.
+    /// The count and the sum of `n` per (hour, device), as updates, each instance with a
+    /// local store.
     Aggregate,
 }
 
@@ -324,7 +325,7 @@ impl Run {
             faults: Vec::new(),
             last_fault: None,
             started: Instant::now(),
-            state: (stage == Stage::Dedup).then(|| tempfile::tempdir().expect("state directory")),
+            state: (stage != Stage::None).then(|| tempfile::tempdir().expect("state directory")),
         };
         for i in 0..instances {
             run.start(i);
@@ -368,6 +369,13 @@ impl Run {
     /// Kills instance `i` with kill -9 and starts it again.
     fn restart_killed(&mut self, i: usize) {
         self.kill9(i);
+        self.start(i);
+    }
+
+    /// Kills instance `i` with kill -9, deletes its local store and starts it again.
+    fn restart_without_store(&mut self, i: usize) {
+        self.kill9(i);
+        std::fs::remove_dir_all(self.state_dir(i).unwrap()).unwrap();
         self.start(i);
     }
 
@@ -999,9 +1007,7 @@ fn dedup_survives_crashes_and_rebalances() {
                 r.start(i);
             }),
             "store deleted" => run.fault("kill -9, local store deleted", |r| {
-                r.kill9(i);
-                std::fs::remove_dir_all(r.state_dir(i).unwrap()).unwrap();
-                r.start(i);
+                r.restart_without_store(i)
             }),
             "members" => change_membership(&mut run, 2),
             _ => run.fault("kill -9", |r| r.restart_killed(i)),
@@ -1013,9 +1019,9 @@ fn dedup_survives_crashes_and_rebalances() {
     run.finish();
 }
 
-/// The windowed aggregates (count and sum per device per hour, as updates) through kill -9
-/// mid-transaction and members leaving and joining: their state is restored from the
-/// changelog alone (no local store yet). One output per record taken (the audit replays the
+/// The windowed aggregates (count and sum per device per hour, as updates, both instances
+/// with a local store) through kill -9 mid-transaction, kill -9 with the local store deleted,
+/// and members leaving and joining. One output per record taken (the audit replays the
 /// aggregate from the start of each partition), and the last totals of each (hour, device)
 /// are the ones worked out apart from exactly (`aggregate_expected`).
 #[test]
@@ -1025,7 +1031,7 @@ fn aggregates_survive_crashes_and_rebalances() {
     let scale = if p.name == "full" { 1 } else { 2 };
     let mut run = Run::scaled("f-aggregate", 2, &[], scale, (false, Stage::Aggregate));
     let mut rng = rand::rng();
-    let plan = stateful_plan(&["members"], p, &mut rng);
+    let plan = stateful_plan(&["store deleted", "members"], p, &mut rng);
     let (planned, mut ran) = (plan.len(), 0);
     let step = 0.6 / plan.len() as f64;
     for what in plan {
@@ -1035,6 +1041,9 @@ fn aggregates_survive_crashes_and_rebalances() {
         let i = rng.random_range(0..2);
         ran += 1;
         match what {
+            "store deleted" => run.fault("kill -9, local store deleted", |r| {
+                r.restart_without_store(i)
+            }),
             "members" => change_membership(&mut run, 2),
             _ => run.fault("kill -9", |r| r.restart_killed(i)),
         }

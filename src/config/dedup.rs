@@ -325,21 +325,12 @@ impl DedupArgs {
                     .into(),
             ));
         }
-        if aggregate.is_some() {
-            if self.window_late == Late::Pass {
-                return Err(Error::Config(
-                    "--window-late: pass is for the dedup; a late record has no aggregate to \
-                     go into (dlq or drop)"
-                        .into(),
-                ));
-            }
-            if state.state_dir.is_some() {
-                return Err(Error::Config(
-                    "--state-dir: not with --aggregate yet (its state is restored from the \
-                     changelog alone)"
-                        .into(),
-                ));
-            }
+        if aggregate.is_some() && self.window_late == Late::Pass {
+            return Err(Error::Config(
+                "--window-late: pass is for the dedup; a late record has no aggregate to go \
+                 into (dlq or drop)"
+                    .into(),
+            ));
         }
         // Each mode its own changelog: one's records are not the other's state.
         let kind = if aggregate.is_some() {

@@ -758,10 +758,6 @@ mod tests {
                 [&w[..], &["--aggregate", "count", "--window-late", "pass"]].concat(),
                 "--window-late",
             ),
-            (
-                [&w[..], &["--aggregate", "count", "--state-dir", "/tmp/x"]].concat(),
-                "--state-dir",
-            ),
             ([&w[..], &["--aggregate", "median"]].concat(), "median"),
             (
                 vec!["--aggregate-emit", "final"],

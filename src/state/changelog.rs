@@ -16,10 +16,12 @@
 use super::seen::{Acc, Change, Sum};
 use super::window::Window;
 
-const VERSION: u8 = 1;
+/// The format version every record starts with.
+pub(crate) const VERSION: u8 = 1;
 const KEY: u8 = b'k';
 const STREAM_TIME: u8 = b't';
-const TOTAL: u8 = b'a';
+/// The kind of a group's totals.
+pub(crate) const TOTAL: u8 = b'a';
 
 /// A change as a Kafka record's key and value.
 pub fn encode(change: &Change) -> (Vec<u8>, Vec<u8>) {

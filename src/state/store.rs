@@ -1,4 +1,4 @@
-//! The local store (`--state-dir`): the committed keys on disk, so a restart reads only the
+//! The local store (`--state-dir`): the committed keys (and the aggregates' totals) on disk, so a restart reads only the
 //! changelog's records since the store's mark, not the whole history.
 //!
 //! A cache of the changelog, never ahead of it: a unit's changes are written only after its
@@ -19,6 +19,8 @@ use std::path::Path;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
+use super::changelog;
+use super::seen::Change;
 use super::window::Window;
 
 /// Keys: partition (4 bytes), window start (8, order-preserving), key bytes; value: the
@@ -27,6 +29,9 @@ const KEYS: TableDefinition<&[u8], i64> = TableDefinition::new("keys");
 /// Per partition: the changelog offset the store holds everything below, and the stream time
 /// (`i64::MIN`: none).
 const MARKS: TableDefinition<i32, (i64, i64)> = TableDefinition::new("marks");
+/// The aggregates' totals: partition, window start, group (as in `KEYS`); value: the
+/// changelog record's value (window end and the totals, `changelog`).
+const TOTALS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("totals");
 
 /// How far into the changelog a partition's stored state is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,6 +48,8 @@ pub struct Mark {
 pub struct Batch {
     /// Keys first seen: partition, window, key.
     pub keys: Vec<(i32, Window, Box<[u8]>)>,
+    /// Totals moved (`Change::Total`s), by partition; a later one of a (window, group) wins.
+    pub totals: Vec<(i32, Change)>,
     /// Stream times moved: partition, time.
     pub stream_times: Vec<(i32, i64)>,
     /// Windows that start before this are closed: partition, start.
@@ -55,6 +62,7 @@ impl Batch {
     /// Nothing to write.
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
+            && self.totals.is_empty()
             && self.stream_times.is_empty()
             && self.expire.is_empty()
             && self.marks.is_empty()
@@ -63,12 +71,13 @@ impl Batch {
 
 /// Where the committed state is kept between runs.
 pub trait Store: Send {
-    /// Hands `partition`'s stored keys to `each`, and says how far into the changelog they
-    /// are (`None`: nothing stored; read the changelog from its beginning).
+    /// Hands `partition`'s stored keys and totals to `each` (as the changes that made them),
+    /// and says how far into the changelog they are (`None`: nothing stored; read the
+    /// changelog from its beginning).
     fn load(
         &mut self,
         partition: i32,
-        each: &mut dyn FnMut(Window, &[u8]),
+        each: &mut dyn FnMut(Change),
     ) -> Result<Option<Mark>, String>;
     /// Writes `batch`, whole or not at all.
     fn write(&mut self, batch: &Batch) -> Result<(), String>;
@@ -95,6 +104,7 @@ impl Redb {
         let w = db.begin_write().map_err(|e| e.to_string())?;
         w.open_table(KEYS).map_err(|e| e.to_string())?;
         w.open_table(MARKS).map_err(|e| e.to_string())?;
+        w.open_table(TOTALS).map_err(|e| e.to_string())?;
         w.commit().map_err(|e| e.to_string())?;
         Ok(Redb { db })
     }
@@ -133,7 +143,7 @@ impl Store for Redb {
     fn load(
         &mut self,
         partition: i32,
-        each: &mut dyn FnMut(Window, &[u8]),
+        each: &mut dyn FnMut(Change),
     ) -> Result<Option<Mark>, String> {
         let r = self.db.begin_read().map_err(|e| e.to_string())?;
         let marks = r.open_table(MARKS).map_err(|e| e.to_string())?;
@@ -153,13 +163,31 @@ impl Store for Redb {
             let Some(start) = k.get(4..12).and_then(unorder) else {
                 continue;
             };
-            each(
-                Window {
-                    start,
-                    end: end.value(),
-                },
-                &k[12..],
-            );
+            let window = Window {
+                start,
+                end: end.value(),
+            };
+            each(Change::Key {
+                window,
+                key: k[12..].into(),
+            });
+        }
+        let totals = r.open_table(TOTALS).map_err(|e| e.to_string())?;
+        for item in totals
+            .range(from.as_slice()..to.as_slice())
+            .map_err(|e| e.to_string())?
+        {
+            let (k, v) = item.map_err(|e| e.to_string())?;
+            // The changelog's record back from its parts; what does not decode is skipped.
+            let Some(start) = k.value().get(4..12).and_then(unorder) else {
+                continue;
+            };
+            let mut key = vec![changelog::VERSION, changelog::TOTAL];
+            key.extend(start.to_be_bytes());
+            key.extend(&k.value()[12..]);
+            if let Ok(total) = changelog::decode(Some(&key), Some(v.value())) {
+                each(total);
+            }
         }
         Ok(Some(Mark {
             next,
@@ -178,16 +206,29 @@ impl Store for Redb {
                 keys.insert(entry(*p, window.start, key).as_slice(), window.end)
                     .map_err(|e| e.to_string())?;
             }
+            let mut totals = w.open_table(TOTALS).map_err(|e| e.to_string())?;
+            for (p, change) in &batch.totals {
+                if let Change::Total { window, group, .. } = change {
+                    let (_, value) = changelog::encode(change);
+                    totals
+                        .insert(entry(*p, window.start, group).as_slice(), value.as_slice())
+                        .map_err(|e| e.to_string())?;
+                }
+            }
             for (p, before) in &batch.expire {
                 let (from, _) = span(*p);
                 let to = entry(*p, *before, &[]);
                 keys.retain_in(from.as_slice()..to.as_slice(), |_, _| false)
+                    .map_err(|e| e.to_string())?;
+                totals
+                    .retain_in(from.as_slice()..to.as_slice(), |_, _| false)
                     .map_err(|e| e.to_string())?;
             }
             let mut marks = w.open_table(MARKS).map_err(|e| e.to_string())?;
             let mut touched: Vec<i32> = (batch.stream_times.iter().map(|(p, _)| *p))
                 .chain(batch.marks.iter().map(|(p, _)| *p))
                 .chain(batch.keys.iter().map(|(p, _, _)| *p))
+                .chain(batch.totals.iter().map(|(p, _)| *p))
                 .collect();
             touched.sort_unstable();
             touched.dedup();
@@ -215,6 +256,10 @@ impl Store for Redb {
             let (from, to) = span(partition);
             keys.retain_in(from.as_slice()..to.as_slice(), |_, _| false)
                 .map_err(|e| e.to_string())?;
+            let mut totals = w.open_table(TOTALS).map_err(|e| e.to_string())?;
+            totals
+                .retain_in(from.as_slice()..to.as_slice(), |_, _| false)
+                .map_err(|e| e.to_string())?;
             let mut marks = w.open_table(MARKS).map_err(|e| e.to_string())?;
             marks.remove(partition).map_err(|e| e.to_string())?;
         }
@@ -229,7 +274,11 @@ mod tests {
     fn loaded(s: &mut Redb, p: i32) -> (Option<Mark>, Vec<(i64, Vec<u8>)>) {
         let mut keys = Vec::new();
         let mark = s
-            .load(p, &mut |w, k| keys.push((w.start, k.to_vec())))
+            .load(p, &mut |c| {
+                if let Change::Key { window, key } = c {
+                    keys.push((window.start, key.to_vec()))
+                }
+            })
             .unwrap();
         (mark, keys)
     }
@@ -289,6 +338,56 @@ mod tests {
         assert_eq!(loaded(&mut s, 1).1.len(), 1, "another partition untouched");
         s.wipe(0).unwrap();
         assert_eq!(loaded(&mut s, 0), (None, vec![]));
+    }
+
+    #[test]
+    fn totals_load_back_the_last_of_each_and_closed_windows_go() {
+        use super::super::seen::{Acc, Sum};
+
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Redb::open(&dir.path().join("state.redb")).unwrap();
+        let total = |start: i64, group: &[u8], count: u64| Change::Total {
+            window: Window {
+                start,
+                end: start + 10,
+            },
+            group: group.into(),
+            acc: Acc {
+                count,
+                sum: Sum::Float(0.5),
+                distinct: 1,
+            },
+        };
+        let batch = Batch {
+            totals: vec![
+                (0, total(0, b"g", 1)),
+                (0, total(0, b"g", 2)),
+                (0, total(10, b"h", 1)),
+                (1, total(0, b"g", 9)),
+            ],
+            marks: vec![(0, 4), (1, 1)],
+            ..Batch::default()
+        };
+        s.write(&batch).unwrap();
+        let load = |s: &mut Redb, p: i32| {
+            let mut got = Vec::new();
+            s.load(p, &mut |c| got.push(c)).unwrap();
+            got
+        };
+        assert_eq!(load(&mut s, 0), [total(0, b"g", 2), total(10, b"h", 1)]);
+        s.write(&Batch {
+            expire: vec![(0, 10)],
+            ..Batch::default()
+        })
+        .unwrap();
+        assert_eq!(load(&mut s, 0), [total(10, b"h", 1)]);
+        assert_eq!(
+            load(&mut s, 1),
+            [total(0, b"g", 9)],
+            "another partition untouched"
+        );
+        s.wipe(1).unwrap();
+        assert!(load(&mut s, 1).is_empty());
     }
 
     #[test]

@@ -201,8 +201,7 @@ impl Dedup {
                                 delta.keys.push((p, *window, key.clone()))
                             }
                             Change::StreamTime(t) => delta.stream_times.push((p, *t)),
-                            // Not stored: --aggregate takes no --state-dir yet.
-                            Change::Total { .. } => {}
+                            Change::Total { .. } => delta.totals.push((p, change.clone())),
                         }
                         seen.restore(tp, change)
                     }
@@ -275,14 +274,8 @@ impl Dedup {
             return (None, 0);
         };
         let (seen, mut stored) = (&mut self.seen, 0u64);
-        let loaded = store.load(tp.1, &mut |window, key| {
-            seen.restore(
-                tp,
-                Change::Key {
-                    window,
-                    key: key.into(),
-                },
-            );
+        let loaded = store.load(tp.1, &mut |change| {
+            seen.restore(tp, change);
             stored += 1;
         });
         match loaded {
@@ -818,7 +811,7 @@ impl Transform for Dedup {
             match change {
                 Change::Key { window, key } => batch.keys.push((p, window, key)),
                 Change::StreamTime(t) => batch.stream_times.push((p, t)),
-                Change::Total { .. } => {}
+                total @ Change::Total { .. } => batch.totals.push((p, total)),
             }
         }
         for tp in self.owned.iter().filter(|tp| touched.contains(&tp.1)) {
@@ -1425,6 +1418,16 @@ mod tests {
     /// The aggregates (count, sum of `.n`, distinct `.u`) by Kafka key per UTC day, with
     /// `grace_hours` of grace.
     fn aggregating(log: &Log, emit: Emit, grace_hours: u64) -> Dedup {
+        aggregating_with(log, emit, grace_hours, None)
+    }
+
+    /// The same, with a local store.
+    fn aggregating_with(
+        log: &Log,
+        emit: Emit,
+        grace_hours: u64,
+        store: Option<Box<dyn Store>>,
+    ) -> Dedup {
         let limits = crate::transform::Limits {
             max_output_bytes: 1000,
             max_outputs: 10,
@@ -1446,7 +1449,7 @@ mod tests {
         };
         let compile = |p| Some(Jq::compile(p, false, limits).unwrap());
         let programs = [None, None, None, compile(".n"), compile(".u")];
-        dedup_of(log, &config, programs, None).0
+        dedup_of(log, &config, programs, store).0
     }
 
     /// A record of group `key` at `t` with value `value`: its outputs' values, as JSON.
@@ -1691,5 +1694,37 @@ mod tests {
         }
         let short: &'static str = Box::leak("g".repeat(300).into_boxed_str());
         assert_eq!(totals(&mut d, short, HOUR, r#"{"n":1,"u":"x"}"#).len(), 1);
+    }
+
+    #[test]
+    fn a_restart_with_the_local_store_loads_the_totals_and_reads_only_what_came_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cl.redb");
+        let log = Log::default();
+        let store = || Some(Box::new(Redb::open(&path).unwrap()) as Box<dyn Store>);
+        let mut d = aggregating_with(&log, Emit::Updates, 0, store());
+        d.checkpoint_every = Duration::ZERO;
+        totals(&mut d, "a", HOUR, r#"{"n":1,"u":"x"}"#);
+        totals(&mut d, "b", HOUR, r#"{"n":2,"u":"x"}"#);
+        commit(&mut d, &log); // 2 distinct values, 2 totals, the stream time
+        totals(&mut d, "a", 2 * HOUR, r#"{"n":3,"u":"y"}"#);
+        commit(&mut d, &log); // marks first, then y, a's totals, the stream time
+        d.revoked(&[("in".into(), 0)]);
+        drop(d);
+        let before = log.read_so_far();
+        let mut again = aggregating_with(&log, Emit::Updates, 0, store());
+        assert_eq!(
+            log.read_so_far() - before,
+            3,
+            "only the second unit's records"
+        );
+        let next = totals(&mut again, "a", 3 * HOUR, r#"{"n":1,"u":"x"}"#);
+        assert_eq!(
+            brief(&next[0]),
+            t("a", 3, 5.into(), 2),
+            "from the store and the delta"
+        );
+        let next = totals(&mut again, "b", 3 * HOUR, r#"{"n":1,"u":"z"}"#);
+        assert_eq!(brief(&next[0]), t("b", 2, 3.into(), 2));
     }
 }
