@@ -13,6 +13,8 @@ cmd=${1:-}
 dir=${2:-}
 log() { echo "stores.sh: $*" >&2; }
 [ -n "$cmd" ] && [ -n "$dir" ] || { echo "usage: scripts/stores.sh start|stop DIR" >&2; exit 2; }
+# Absolute: PostgreSQL's server runs in its own directory.
+dir=$(realpath -m "$dir")
 
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
@@ -95,7 +97,7 @@ as_pg initdb -D "$dir/pg/data" -U exactly --pwfile="$dir/pg/password" --auth=scr
   --no-sync --no-instructions >"$dir/pg/initdb.log" 2>&1 \
   || { log "initdb failed: $dir/pg/initdb.log"; tail -20 "$dir/pg/initdb.log" >&2; exit 1; }
 as_pg pg_ctl -D "$dir/pg/data" -l "$dir/pg/server.log" -w -t 60 \
-  -o "-c listen_addresses=127.0.0.1 -p $pg_port -k $dir/pg -c fsync=off" start >/dev/null \
+  -o "-c listen_addresses=127.0.0.1 -p $pg_port -k '$dir/pg' -c fsync=off" start >/dev/null \
   || { log "PostgreSQL did not start: $dir/pg/server.log"; tail -20 "$dir/pg/server.log" >&2; exit 1; }
 log "Redis on 127.0.0.1:$redis_port, MariaDB on 127.0.0.1:$mysql_port, PostgreSQL on 127.0.0.1:$pg_port (data in $dir)"
 echo "export EXACTLY_TEST_REDIS_URL=redis://127.0.0.1:$redis_port/0"

@@ -57,81 +57,93 @@ fn a_claim_fences_the_previous_owner_and_offsets_move_only_with_their_owners_epo
     first.create(&a).unwrap();
     first.create(&a).unwrap();
     // Missing rows take their seed (the group's Kafka offset), or none.
-    let got = first.claim(&a, "in", &[(0, Some(40)), (1, None)]).unwrap();
-    assert_eq!(got, [claimed(0, Some(40), 1), claimed(1, None, 1)]);
+    let got = first.claim(&a, "in", &[(1, None), (0, Some(40))]).unwrap();
+    let nexts: Vec<_> = got.iter().map(|c| (c.partition, c.next)).collect();
+    assert_eq!(nexts, [(0, Some(40)), (1, None)]);
+    let (e0, e1) = (got[0].epoch, got[1].epoch);
     // Moved in a transaction that commits; one rolled back moves nothing.
     a.batch("BEGIN").unwrap();
-    let fenced = first
-        .advance(&a, "in", &[advance(0, Some(40), 50, 1)])
-        .unwrap();
-    assert!(fenced.is_empty());
+    let moved = first.advance(&a, "in", &[advance(0, Some(40), 50, e0)]);
+    assert!(moved.unwrap().is_empty());
     a.batch("COMMIT").unwrap();
     a.batch("BEGIN").unwrap();
     first
-        .advance(&a, "in", &[advance(0, Some(50), 60, 1)])
+        .advance(&a, "in", &[advance(0, Some(50), 60, e0)])
         .unwrap();
     a.batch("ROLLBACK").unwrap();
-    // A second instance claims both: a row there is keeps its offset, whatever the seed.
+    // A second instance claims both: a row there is keeps its offset, whatever the seed; the
+    // epochs are new ones.
     let got = second
         .claim(&b, "in", &[(0, Some(0)), (1, Some(7))])
         .unwrap();
-    assert_eq!(got, [claimed(0, Some(50), 2), claimed(1, None, 2)]);
+    let nexts: Vec<_> = got.iter().map(|c| (c.partition, c.next)).collect();
+    assert_eq!(nexts, [(0, Some(50)), (1, None)]);
+    let (f0, f1) = (got[0].epoch, got[1].epoch);
+    assert!(f0 > e0.max(e1) && f1 > e0.max(e1), "{got:?}");
     // The first, stale, moves nothing: both fenced.
     a.batch("BEGIN").unwrap();
-    let fenced = (first.advance(
-        &a,
-        "in",
-        &[advance(0, Some(50), 70, 1), advance(1, None, 5, 1)],
-    ))
-    .unwrap();
-    assert_eq!(fenced, [0, 1]);
+    let stale = [advance(0, Some(50), 70, e0), advance(1, None, 5, e1)];
+    assert_eq!(first.advance(&a, "in", &stale).unwrap(), [0, 1]);
     a.batch("ROLLBACK").unwrap();
-    // An offset other than the owner's last one is no move either.
+    // An offset other than the owner's last one is no move either; a partition twice is
+    // refused.
     b.batch("BEGIN").unwrap();
-    let stale = second
-        .advance(&b, "in", &[advance(0, Some(40), 55, 2)])
-        .unwrap();
-    assert_eq!(stale, [0]);
+    let stale = second.advance(&b, "in", &[advance(0, Some(40), 55, f0)]);
+    assert_eq!(stale.unwrap(), [0]);
+    let twice = [advance(0, Some(50), 55, f0), advance(0, Some(50), 56, f0)];
+    assert!(second.advance(&b, "in", &twice).is_err());
     b.batch("ROLLBACK").unwrap();
     b.batch("BEGIN").unwrap();
-    let fenced = (second.advance(
-        &b,
-        "in",
-        &[advance(0, Some(50), 55, 2), advance(1, None, 3, 2)],
-    ))
-    .unwrap();
-    assert!(fenced.is_empty());
+    let moves = [advance(0, Some(50), 55, f0), advance(1, None, 3, f1)];
+    assert!(second.advance(&b, "in", &moves).unwrap().is_empty());
     b.batch("COMMIT").unwrap();
     let rows = first.read(&a, "in", &[0, 1, 2]).unwrap();
-    assert_eq!(rows, [claimed(0, Some(55), 2), claimed(1, Some(3), 2)]);
+    assert_eq!(rows, [claimed(0, Some(55), f0), claimed(1, Some(3), f1)]);
+    // A row deleted and seeded again gets an epoch never used before: the stale owner stays
+    // fenced.
+    let delete = format!("DELETE FROM \"{table}\" WHERE partition = 1");
+    a.batch(&delete).unwrap();
+    let again = first.claim(&a, "in", &[(1, None)]).unwrap();
+    assert!(again[0].epoch > f1, "{again:?}");
+    a.batch("BEGIN").unwrap();
+    let stale = first.advance(&a, "in", &[advance(1, None, 9, e1)]);
+    assert_eq!(stale.unwrap(), [1]);
+    a.batch("ROLLBACK").unwrap();
     // Another group's rows are its own.
     let other = Offsets::new(&table, "other", "instance-a").unwrap();
     assert!(other.read(&a, "in", &[0, 1]).unwrap().is_empty());
-    a.batch(&format!("DROP TABLE \"{table}\"")).unwrap();
+    let drop = format!("DROP TABLE \"{table}\"; DROP SEQUENCE \"{table}_epoch\"");
+    a.batch(&drop).unwrap();
 }
 
 #[test]
-fn a_call_past_its_bound_is_cancelled_on_the_server_and_the_connection_goes_on() {
+fn a_call_past_its_bound_is_cancelled_on_the_server_and_its_connection_not_used_again() {
     let db = connect(Duration::from_millis(500));
+    // The server's own bound: statement_timeout, set at connect from the same bound.
+    let e = db.batch("SELECT pg_sleep(2)").unwrap_err();
+    assert_eq!(e.code.as_deref(), Some("57014"), "{e:?}");
+    assert!(!e.closed, "the connection goes on");
+    db.batch("SELECT 1").unwrap();
     // The server would wait 20 s: the client's bound ends it.
-    db.batch("SET statement_timeout = '20s'").unwrap();
+    let slow = "SET statement_timeout = '20s'; SET application_name = 'bounded'";
+    db.batch(slow).unwrap();
     let started = std::time::Instant::now();
     let e = db.batch("SELECT pg_sleep(10)").unwrap_err();
     assert!(
         e.message.contains("no answer within") && e.message.contains("cancelled"),
         "{e:?}"
     );
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        started.elapsed()
-    );
-    // The cancel reached the server: the next call is answered at once.
-    db.batch("SELECT 1").unwrap();
-    // The server's own bound: statement_timeout, set at connect from the same bound.
-    db.batch("RESET statement_timeout").unwrap();
-    let e = db.batch("SELECT pg_sleep(2)").unwrap_err();
-    assert_eq!(e.code.as_deref(), Some("57014"), "{e:?}");
+    assert!(e.closed, "not to be trusted any more: {e:?}");
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    // It is not used again; and the cancel reached the server: nothing of it runs there.
+    assert!(db.batch("SELECT 1").unwrap_err().closed);
+    let other = connect(Duration::from_secs(5));
+    let sql = "SELECT count(*) FROM pg_stat_activity
+               WHERE application_name = 'bounded' AND state = 'active'";
+    let running = other.call(|c| async move { c.query_one(sql, &[]).await });
+    let running: i64 = running.unwrap().get(0);
+    assert_eq!(running, 0);
 }
 
 #[test]
@@ -211,7 +223,7 @@ fn rows_are_upserted_by_key_last_wins_and_a_bad_row_is_named_while_the_rest_is_w
     let batch = [
         (0, json!({"id": 2, "name": "b", "n": 2})),
         (1, json!({"id": 1, "name": "a", "n": 1})),
-        (2, json!({"id": 1, "name": "a2", "n": 3, "extra": true})),
+        (2, json!({"id": "1", "name": "a2", "n": 3, "extra": true})),
     ];
     t.upsert(&db, &batch).unwrap();
     db.batch("COMMIT").unwrap();
@@ -227,6 +239,7 @@ fn rows_are_upserted_by_key_last_wins_and_a_bad_row_is_named_while_the_rest_is_w
         (2, json!({"id": 5})),
         (3, json!({"id": 6, "n": 6})),
         (4, json!({"id": 7, "n": 700})),
+        (5, json!([1, 2])),
     ];
     match t.upsert(&db, &batch) {
         Err(Unwritten::Rows(refused)) => {
@@ -235,7 +248,12 @@ fn rows_are_upserted_by_key_last_wins_and_a_bad_row_is_named_while_the_rest_is_w
                 .collect();
             assert_eq!(
                 why,
-                [(1, Some("22P02")), (2, Some("23502")), (4, Some("23514"))]
+                [
+                    (1, Some("22P02")),
+                    (2, Some("23502")),
+                    (4, Some("23514")),
+                    (5, Some("22023"))
+                ]
             );
         }
         other => panic!("{other:?}"),

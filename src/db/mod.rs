@@ -20,8 +20,10 @@ use tokio_postgres::{Client, NoTls};
 pub struct Failure {
     /// The SQLSTATE, when the server said why (`40P01`: a deadlock).
     pub code: Option<String>,
-    /// The connection is gone: nothing more goes through it. A COMMIT that failed so has an
-    /// unknown outcome (the offsets table tells).
+    /// The connection is gone, or no longer to be trusted (a call past its bound: the server
+    /// may still run it, or a late cancel may hit the next one): nothing more goes through
+    /// it; connect again. A COMMIT that failed so has an unknown outcome (the offsets table
+    /// tells).
     pub closed: bool,
     /// For people: the server's message and detail, or the client's.
     pub message: String,
@@ -87,12 +89,18 @@ pub struct Db {
     runtime: tokio::runtime::Runtime,
     client: Client,
     bounds: Bounds,
+    /// A call ran past its bound: the connection is not used again.
+    poisoned: std::sync::atomic::AtomicBool,
 }
 
 impl Db {
     /// Connects to `url` (a libpq URL or key=value string), with `password` if given (kept out
     /// of the URL, so logs never show it).
     pub fn connect(url: &str, password: Option<&str>, bounds: Bounds) -> Result<Db, Failure> {
+        if bounds.statement.is_zero() || bounds.idle_in_transaction.is_zero() {
+            // 0 is "no bound" to the server: every call is bounded.
+            return Err(Failure::client("a PostgreSQL bound of 0".into()));
+        }
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -104,15 +112,20 @@ impl Db {
             config.password(p);
         }
         let ms = |d: Duration| d.as_millis().max(1);
+        // The URL's own options (a search_path) stay; the bounds come after them, and win.
+        let options = format!(
+            "{} -c statement_timeout={} -c lock_timeout={} -c idle_in_transaction_session_timeout={}",
+            config.get_options().unwrap_or_default(),
+            ms(bounds.statement),
+            ms(bounds.statement),
+            ms(bounds.idle_in_transaction),
+        );
+        if config.get_application_name().is_none() {
+            config.application_name("exactly");
+        }
         config
-            .application_name("exactly")
             .connect_timeout(bounds.statement)
-            .options(format!(
-                "-c statement_timeout={} -c lock_timeout={} -c idle_in_transaction_session_timeout={}",
-                ms(bounds.statement),
-                ms(bounds.statement),
-                ms(bounds.idle_in_transaction),
-            ));
+            .options(options.trim_start());
         // A timer needs the runtime: made inside it.
         let connect = async { tokio::time::timeout(bounds.statement, config.connect(NoTls)).await };
         let (client, connection) = match runtime.block_on(connect) {
@@ -134,6 +147,7 @@ impl Db {
             runtime,
             client,
             bounds,
+            poisoned: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -145,11 +159,24 @@ impl Db {
     where
         F: Future<Output = Result<T, tokio_postgres::Error>> + 's,
     {
+        use std::sync::atomic::Ordering;
+        if self.poisoned.load(Ordering::SeqCst) {
+            return Err(Failure {
+                closed: true,
+                ..Failure::client("this connection ran past a bound earlier: connect again".into())
+            });
+        }
         let wait = self.bounds.statement + CLIENT_MARGIN;
         let work = work(&self.client);
         match (self.runtime).block_on(async { tokio::time::timeout(wait, work).await }) {
-            Ok(done) => done.map_err(Failure::from),
+            Ok(done) => done.map_err(|e| {
+                let mut failure = Failure::from(e);
+                // A FATAL error (57P01 from pg_terminate_backend, 25P03) ends the connection.
+                failure.closed |= self.client.is_closed();
+                failure
+            }),
             Err(_) => {
+                self.poisoned.store(true, Ordering::SeqCst);
                 let cancel = self.client.cancel_token();
                 let cancelled = (self.runtime).block_on(async {
                     tokio::time::timeout(wait, cancel.cancel_query(NoTls)).await
@@ -158,9 +185,10 @@ impl Db {
                     Ok(Ok(())) => "cancelled",
                     _ => "could not be cancelled",
                 };
-                Err(Failure::client(format!(
-                    "no answer within {wait:?}; the query {how}"
-                )))
+                Err(Failure {
+                    closed: true,
+                    ..Failure::client(format!("no answer within {wait:?}; the query {how}"))
+                })
             }
         }
     }

@@ -40,6 +40,9 @@ pub struct Advance {
 #[derive(Clone, Debug)]
 pub struct Offsets {
     table: String,
+    /// Where epochs come from: a sequence, so an epoch never repeats, even for a row deleted
+    /// and seeded again (a stale owner's epoch must never be current again).
+    epochs: String,
     group: String,
     owner: String,
 }
@@ -50,13 +53,15 @@ impl Offsets {
     pub fn new(table: &str, group: &str, owner: &str) -> Result<Offsets, String> {
         Ok(Offsets {
             table: identifier(table)?,
+            epochs: identifier(&format!("{table}_epoch"))?,
             group: group.to_string(),
             owner: owner.to_string(),
         })
     }
 
-    /// Creates the table if it is missing.
+    /// Creates the table and its epochs' sequence if they are missing.
     pub fn create(&self, db: &Db) -> Result<(), Failure> {
+        db.batch(&format!("CREATE SEQUENCE IF NOT EXISTS {}", self.epochs))?;
         db.batch(&format!(
             "CREATE TABLE IF NOT EXISTS {} (
                group_id text NOT NULL,
@@ -79,7 +84,11 @@ impl Offsets {
         topic: &str,
         partitions: &[(i32, Option<i64>)],
     ) -> Result<Vec<Claimed>, Failure> {
-        let (ps, seeds): (Vec<i32>, Vec<Option<i64>>) = partitions.iter().copied().unzip();
+        // In one order, so two instances claiming overlapping partitions cannot deadlock.
+        let mut partitions = partitions.to_vec();
+        partitions.sort_unstable();
+        partitions.dedup_by_key(|(p, _)| *p);
+        let (ps, seeds): (Vec<i32>, Vec<Option<i64>>) = partitions.into_iter().unzip();
         let seed = format!(
             "INSERT INTO {} (group_id, topic, partition, next_offset)
              SELECT $1, $2, p, o FROM unnest($3::integer[], $4::bigint[]) AS s(p, o)
@@ -87,10 +96,11 @@ impl Offsets {
             self.table
         );
         let claim = format!(
-            "UPDATE {} SET owner_epoch = owner_epoch + 1, owner = $4, updated = now()
+            "UPDATE {} SET owner_epoch = nextval('{}'), owner = $4, updated = now()
              WHERE group_id = $1 AND topic = $2 AND partition = ANY($3)
              RETURNING partition, next_offset, owner_epoch",
-            self.table
+            self.table,
+            self.epochs.replace('\'', "''"),
         );
         db.batch("BEGIN")?;
         let done = db.call(|c| async move {
@@ -114,9 +124,16 @@ impl Offsets {
 
     /// Moves the offsets of `topic` in the open transaction, each by compare-and-set on its
     /// old offset and epoch: the partitions whose row did not move (another owner claimed
-    /// them since). With any, the transaction must roll back.
+    /// them since). With any, the transaction must roll back. A partition twice is refused.
     pub fn advance(&self, db: &Db, topic: &str, moves: &[Advance]) -> Result<Vec<i32>, Failure> {
         let ps: Vec<i32> = moves.iter().map(|m| m.partition).collect();
+        let mut sorted = ps.clone();
+        sorted.sort_unstable();
+        if sorted.windows(2).any(|w| w[0] == w[1]) {
+            return Err(Failure::client(format!(
+                "a partition twice in one advance: {ps:?}"
+            )));
+        }
         let from: Vec<Option<i64>> = moves.iter().map(|m| m.from).collect();
         let to: Vec<i64> = moves.iter().map(|m| m.to).collect();
         let epochs: Vec<i64> = moves.iter().map(|m| m.epoch).collect();

@@ -1,14 +1,13 @@
 //! Rows into a table, in the open transaction: the database sink's outputs (docs/database.md).
 //!
-//! A batch is one statement: `INSERT … SELECT … FROM json_populate_recordset(null::table, $1)
-//! ON CONFLICT (key) DO UPDATE`, so the server types every value by its column's input
-//! function. The batch is deduplicated by primary key (the last row of a key wins: one
-//! statement may not update a row twice) and sorted by it, so two pipelines writing one table
-//! take its row locks in one order and cannot deadlock on each other. A batch the server
-//! refuses for its data (classes 22 and 23) is written again row by row, each under a
-//! savepoint, to find the rows at fault; the others are written.
-
-use std::collections::BTreeMap;
+//! A batch is one statement: `INSERT … SELECT DISTINCT ON (key) … FROM
+//! json_populate_recordset(null::table, $1) WITH ORDINALITY … ON CONFLICT (key) DO UPDATE`,
+//! so the server types every value by its column's input function, keeps the last row of each
+//! key (one statement may not update a row twice; `1` and `"1"` are one key once typed) and
+//! sorts by the typed key, so two pipelines writing one table take its row locks in one order
+//! and cannot deadlock on each other. A batch the server refuses for its data (classes 22 and
+//! 23) is written again row by row, each under a savepoint, to find the rows at fault; the
+//! others are written.
 
 use super::{Db, Failure, identifier};
 
@@ -39,6 +38,7 @@ impl Table {
                    FROM pg_attribute a
                    LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
                    WHERE a.attrelid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped
+                     AND a.attgenerated = '' AND a.attidentity <> 'a'
                    ORDER BY a.attnum";
         let rows = db
             .call(|c| async move { c.query(sql, &[&quoted]).await })
@@ -73,50 +73,41 @@ impl Table {
     /// Writes `rows` (JSON objects: field → column; a field missing is NULL) in the open
     /// transaction, each with its index in the batch.
     pub fn upsert(&self, db: &Db, rows: &[(usize, serde_json::Value)]) -> Result<(), Unwritten> {
-        let batch = self.batch(rows);
-        if batch.is_empty() {
+        if rows.is_empty() {
             return Ok(());
         }
+        let all: Vec<&(usize, serde_json::Value)> = rows.iter().collect();
         db.batch("SAVEPOINT exactly_rows")
             .map_err(Unwritten::Batch)?;
-        match self.write(db, &batch) {
-            Ok(()) => return Ok(()),
+        match self.write(db, &all) {
+            Ok(()) => {
+                return (db.batch("RELEASE SAVEPOINT exactly_rows")).map_err(Unwritten::Batch);
+            }
             Err(e) if !e.is_data() => return Err(Unwritten::Batch(e)),
             Err(_) => {}
         }
-        // One row or more at fault: each again on its own, under a savepoint.
-        db.batch("ROLLBACK TO SAVEPOINT exactly_rows")
+        // One row or more at fault: each again on its own, under a savepoint, in order (the
+        // last of a key still wins).
+        db.batch("ROLLBACK TO SAVEPOINT exactly_rows; RELEASE SAVEPOINT exactly_rows")
             .map_err(Unwritten::Batch)?;
         let mut refused = Vec::new();
-        for row in batch {
+        for row in all {
             db.batch("SAVEPOINT exactly_row")
                 .map_err(Unwritten::Batch)?;
             match self.write(db, &[row]) {
                 Ok(()) => db.batch("RELEASE SAVEPOINT exactly_row"),
                 Err(e) if e.is_data() => {
                     refused.push((row.0, e));
-                    db.batch("ROLLBACK TO SAVEPOINT exactly_row")
+                    db.batch("ROLLBACK TO SAVEPOINT exactly_row; RELEASE SAVEPOINT exactly_row")
                 }
                 Err(e) => return Err(Unwritten::Batch(e)),
             }
             .map_err(Unwritten::Batch)?;
         }
-        Err(Unwritten::Rows(refused))
-    }
-
-    /// `rows` deduplicated by key (the last of each wins) and sorted by it.
-    fn batch<'r>(
-        &self,
-        rows: &'r [(usize, serde_json::Value)],
-    ) -> Vec<&'r (usize, serde_json::Value)> {
-        let mut by_key = BTreeMap::new();
-        for row in rows {
-            let key: Vec<String> = (self.key.iter())
-                .map(|k| row.1.get(k).map_or_else(String::new, |v| v.to_string()))
-                .collect();
-            by_key.insert(key, row);
+        if refused.is_empty() {
+            return Ok(());
         }
-        by_key.into_values().collect()
+        Err(Unwritten::Rows(refused))
     }
 
     fn write(&self, db: &Db, rows: &[&(usize, serde_json::Value)]) -> Result<(), Failure> {
@@ -133,11 +124,17 @@ impl Table {
         } else {
             format!("DO UPDATE SET {}", update.join(", "))
         };
+        let of_r = |cs: &[String]| cs.iter().map(|c| format!("r.{c}")).collect::<Vec<_>>();
         let sql = format!(
-            "INSERT INTO {t} ({cols}) SELECT {cols} FROM json_populate_recordset(null::{t}, $1::text::json)
+            "INSERT INTO {t} ({cols})
+             SELECT DISTINCT ON ({r_key}) {r_cols}
+             FROM json_populate_recordset(null::{t}, $1::text::json) WITH ORDINALITY AS r
+             ORDER BY {r_key}, r.ordinality DESC
              ON CONFLICT ({key}) {on_conflict}",
             t = self.name,
             cols = columns.join(", "),
+            r_cols = of_r(&columns).join(", "),
+            r_key = of_r(&key).join(", "),
             key = key.join(", "),
         );
         db.call(|c| async move { c.execute(&sql, &[&json]).await })

@@ -823,7 +823,7 @@ impl Transform for Dedup {
         }
         self.behind.extend(touched);
         if let Some(n) = &mut self.crash_before_store
-            && !(batch.keys.is_empty() && batch.stream_times.is_empty())
+            && !(batch.keys.is_empty() && batch.totals.is_empty() && batch.stream_times.is_empty())
         {
             *n -= 1;
             if *n == 0 {
