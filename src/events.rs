@@ -60,11 +60,20 @@ pub enum AbortReason {
     RequestTimedOut,
     /// A record's output went to a topic that does not exist or may not be written.
     RouteRefused,
+    /// The database sink: another instance claimed a partition of the unit (its offset row's
+    /// epoch moved): rolled back, the partition dropped.
+    PartitionClaimed,
+    /// The database sink: a serialization failure or a deadlock (SQLSTATE class 40).
+    DatabaseConflict,
+    /// The database sink: the database failed the transaction otherwise.
+    DatabaseFailed,
+    /// The database sink: the connection was lost (or ran past a bound): a new one.
+    DatabaseUnavailable,
 }
 
 impl AbortReason {
     /// Every reason, so the counters start at 0 for each.
-    pub const ALL: [AbortReason; 21] = {
+    pub const ALL: [AbortReason; 25] = {
         use AbortReason::*;
         [
             PartitionsLost,
@@ -88,6 +97,10 @@ impl AbortReason {
             TransformUnavailable,
             RequestTimedOut,
             RouteRefused,
+            PartitionClaimed,
+            DatabaseConflict,
+            DatabaseFailed,
+            DatabaseUnavailable,
         ]
     };
 
@@ -116,6 +129,10 @@ impl AbortReason {
             TransformUnavailable => "transform_unavailable",
             RequestTimedOut => "request_timed_out",
             RouteRefused => "route_refused",
+            PartitionClaimed => "partition_claimed",
+            DatabaseConflict => "database_conflict",
+            DatabaseFailed => "database_failed",
+            DatabaseUnavailable => "database_unavailable",
         }
     }
 }

@@ -24,9 +24,10 @@
 //!   fakes of `pipeline/fake.rs`, without a broker.
 //! - [`sink`]: where outputs go and how they become durable with the offsets: the
 //!   [`sink::Sink`] seam in exactly's own terms (connect, begin, send, commit with offsets,
-//!   abort, refused records, what is committed), one file per guarantee
+//!   abort, refused records, what is committed, partitions claimed), one file per guarantee
 //!   ([`sink::exactly_once`]: transactions; [`sink::at_least_once`]: delivery-confirmed
-//!   units), the [`sink::Driver`] that turns a sink's failures into aborts and new clients and
+//!   units; [`sink::database`]: rows of a PostgreSQL table with the offsets in the same
+//!   database transaction, each partition claimed when assigned), the [`sink::Driver`] that turns a sink's failures into aborts and new clients and
 //!   says when a rewind is owed, [`sink::offsets`] (what a commit sends: past transaction
 //!   markers, never past a record not yet applied), [`sink::rejected`] (what the replay of a
 //!   record the broker refused sends instead), [`sink::routes`] (when a topic routed by the
@@ -65,9 +66,9 @@
 //! - [`offsets`]: where a group's offsets are kept, one file per store (the Kafka group,
 //!   Redis, MySQL, files), and `exactly offsets show|import|export`, which moves a position
 //!   between them; the audit reads the group's committed offsets through it.
-//! - [`db`]: PostgreSQL for the database sink (issue 25, docs/database.md; not wired into a
-//!   sink yet): one bounded connection whose failures carry their SQLSTATE, and the offsets
-//!   table each partition's offset moves in by compare-and-set on its owner's epoch.
+//! - [`db`]: PostgreSQL for [`sink::database`] (docs/database.md): one bounded connection
+//!   whose failures carry their SQLSTATE, the offsets table each partition's offset moves in
+//!   by compare-and-set on its owner's epoch, the rows' table and the dead-letter table.
 //! - [`state_command`]: `exactly state show|import`: one key's windows in the dedup's
 //!   changelog, and the seed's Redis sets (`dau:<dt>`) loaded into it for the cut-over.
 //! - [`audit`]: `exactly audit`, which replays the transform (or the application's answers)

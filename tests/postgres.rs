@@ -215,7 +215,10 @@ fn rows_are_upserted_by_key_last_wins_and_a_bad_row_is_named_while_the_rest_is_w
     let keyless = unique("keyless");
     db.batch(&format!("CREATE TABLE \"{keyless}\" (a int)"))
         .unwrap();
-    let e = Table::describe(&db, &keyless).unwrap_err();
+    let e = Table::describe(&db, &keyless)
+        .unwrap()
+        .upsertable()
+        .unwrap_err();
     assert!(e.contains("no primary key"), "{e}");
 
     // Two rows of one key in a batch: the last wins (one statement cannot update a row twice).

@@ -10,6 +10,7 @@
 //! - here: the command line itself and the parsing both subcommands share.
 
 pub mod audit;
+pub mod db;
 pub mod dedup;
 pub mod offsets;
 pub mod run;

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use super::db::{DbArgs, DbConfig};
 use super::{
     CONSUMER_OWNED, CallArgs, ClientArgs, DedupArgs, DedupConfig, DedupStateArgs, KeyValue,
     LogFormat, OnError, PRODUCER_OWNED, TransformArgs, TransformConfig, TransformSpec,
@@ -40,8 +41,14 @@ pub struct RunArgs {
     pub input_pattern: Option<String>,
 
     /// Topic that transformed records are written to (an --envelope program may pick another).
-    #[arg(long, env = "EXACTLY_OUTPUT_TOPIC", value_name = "TOPIC")]
-    pub output_topic: String,
+    #[arg(
+        long,
+        env = "EXACTLY_OUTPUT_TOPIC",
+        value_name = "TOPIC",
+        required_unless_present = "db_url",
+        conflicts_with = "db_url"
+    )]
+    pub output_topic: Option<String>,
 
     /// Consumer group; its committed offsets are part of every transaction.
     #[arg(long, env = "EXACTLY_GROUP_ID", value_name = "GROUP")]
@@ -100,6 +107,10 @@ pub struct RunArgs {
     /// Where the dedup keeps its state.
     #[command(flatten)]
     pub dedup_state: DedupStateArgs,
+
+    /// The database sink: rows and offsets in one database transaction.
+    #[command(flatten)]
+    pub db: DbArgs,
 
     /// Dead-letter topic [default: <output-topic>.dlq].
     #[arg(long, env = "EXACTLY_DLQ_TOPIC", value_name = "TOPIC")]
@@ -181,6 +192,11 @@ pub struct RunArgs {
     /// stream times) to store, before they reach the local store (--state-dir).
     #[arg(long, env = "EXACTLY_TEST_CRASH_BEFORE_STORE", value_name = "N", hide = true, value_parser = clap::value_parser!(u64).range(1..))]
     pub test_crash_before_store: Option<u64>,
+
+    /// Testing only: the database sink aborts the process right after its Nth database
+    /// COMMIT, before the offsets are copied to the Kafka group.
+    #[arg(long, env = "EXACTLY_TEST_CRASH_AFTER_DB_COMMIT", value_name = "N", hide = true, value_parser = clap::value_parser!(u64).range(1..), requires = "db_url")]
+    pub test_crash_after_db_commit: Option<u64>,
 
     /// Testing only: the dedup's restore takes this long per changelog record read, so a
     /// test can stop it midway.
@@ -274,6 +290,8 @@ pub struct SinkConfig {
     pub startup_timeout: Duration,
     /// `--commit-interval`: how long a unit stays open.
     pub commit_interval: Duration,
+    /// The database sink (`--db-url`), instead of Kafka.
+    pub db: Option<DbConfig>,
 }
 
 /// When the open transaction commits: whichever bound it reaches first.
@@ -318,6 +336,8 @@ pub struct TestSwitches {
     pub crash_before_store: Option<u64>,
     /// How long the dedup's restore takes per changelog record.
     pub restore_pace: Option<Duration>,
+    /// The database commit after which the process aborts, before the group copy.
+    pub crash_after_db_commit: Option<u64>,
 }
 
 impl Config {
@@ -336,6 +356,11 @@ fn check_dedup(
     sink: &SinkConfig,
     transform: &TransformConfig,
 ) -> Result<(), Error> {
+    if sink.db.is_some() {
+        return Err(Error::Config(
+            "--window: not with --db-url yet (the keys seen commit in a Kafka transaction)".into(),
+        ));
+    }
     if sink.guarantee != Guarantee::ExactlyOnce {
         return Err(Error::Config(
             "--window: needs --guarantee exactly-once (the keys seen commit with the \
@@ -371,7 +396,7 @@ impl RunArgs {
         let group = self.group()?;
         let errors = self.errors()?;
         let commit = self.commit_policy()?;
-        let sink = self.sink(&group)?;
+        let sink = self.sink(&group, &errors)?;
         check_passthrough("--consumer-config", &self.consumer_config, CONSUMER_OWNED)?;
         check_passthrough("--producer-config", &self.producer_config, PRODUCER_OWNED)?;
         let test = self.test_switches();
@@ -481,13 +506,14 @@ impl RunArgs {
                 Input::Topics(topics)
             }
         };
-        check_topic_name("--output-topic", &self.output_topic)?;
+        let output = self.output();
+        check_topic_name("--output-topic", output)?;
         if let Input::Topics(ts) = &input
-            && ts.contains(&self.output_topic)
+            && ts.iter().any(|t| t == output)
+            && self.db.db_url.is_none()
         {
             return Err(Error::Config(format!(
-                "--output-topic: '{}' is also an input topic; that would loop forever",
-                self.output_topic
+                "--output-topic: '{output}' is also an input topic; that would loop forever"
             )));
         }
         if self.group_id.trim().is_empty() {
@@ -511,10 +537,10 @@ impl RunArgs {
         let dlq_topic = self
             .dlq_topic
             .clone()
-            .unwrap_or_else(|| format!("{}.dlq", self.output_topic));
+            .unwrap_or_else(|| format!("{}.dlq", self.output()));
         check_topic_name("--dlq-topic", &dlq_topic)?;
         let on_error = self.transform.on_error;
-        if on_error == OnError::Dlq && dlq_topic == self.output_topic {
+        if on_error == OnError::Dlq && dlq_topic == self.output() {
             return Err(Error::Config(
                 "--dlq-topic: must differ from --output-topic".into(),
             ));
@@ -553,7 +579,16 @@ impl RunArgs {
         })
     }
 
-    fn sink(&self, group: &GroupConfig) -> Result<SinkConfig, Error> {
+    /// Where outputs go: the output topic, or the database sink's table (the name its
+    /// records are addressed to).
+    fn output(&self) -> &str {
+        match (&self.output_topic, &self.db.db_table) {
+            (Some(t), _) | (None, Some(t)) => t,
+            (None, None) => "",
+        }
+    }
+
+    fn sink(&self, group: &GroupConfig, errors: &ErrorPolicy) -> Result<SinkConfig, Error> {
         let tt = self.transaction_timeout;
         if tt.as_millis() > i32::MAX as u128 {
             return Err(Error::Config("--transaction-timeout: too large".into()));
@@ -574,11 +609,12 @@ impl RunArgs {
         }
         Ok(SinkConfig {
             guarantee: self.guarantee,
-            output_topic: self.output_topic.clone(),
+            output_topic: self.output().to_string(),
             transactional_id,
             transaction_timeout: tt,
             startup_timeout: self.startup_timeout,
             commit_interval: self.commit_interval,
+            db: (self.db).resolve(&group.group_id, &group.instance_id, &errors.dlq_topic)?,
         })
     }
 
@@ -593,6 +629,7 @@ impl RunArgs {
             unavailable: self.test_unavailable.unwrap_or(0),
             crash_before_store: self.test_crash_before_store,
             restore_pace: self.test_restore_pace,
+            crash_after_db_commit: self.test_crash_after_db_commit,
         }
     }
 }

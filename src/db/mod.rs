@@ -30,7 +30,7 @@ pub struct Failure {
 }
 
 impl Failure {
-    fn client(message: String) -> Failure {
+    pub(crate) fn client(message: String) -> Failure {
         Failure {
             code: None,
             closed: false,
@@ -114,7 +114,8 @@ impl Db {
         let ms = |d: Duration| d.as_millis().max(1);
         // The URL's own options (a search_path) stay; the bounds come after them, and win.
         let options = format!(
-            "{} -c statement_timeout={} -c lock_timeout={} -c idle_in_transaction_session_timeout={}",
+            "{} -c statement_timeout={} -c lock_timeout={} -c idle_in_transaction_session_timeout={} \
+             -c client_min_messages=warning",
             config.get_options().unwrap_or_default(),
             ms(bounds.statement),
             ms(bounds.statement),

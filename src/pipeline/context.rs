@@ -8,8 +8,11 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rdkafka::client::ClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, RebalanceProtocol};
+use rdkafka::error::KafkaError;
 use rdkafka::statistics::Statistics;
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::types::RDKafkaRespErr;
 use tracing::warn;
 
 use super::session::Session;
@@ -17,6 +20,7 @@ use crate::events::{Assignment, Rebalance as Event, Rebalanced};
 use crate::kafka::{describe, partitions};
 use crate::lag::Positions;
 use crate::metrics::Metrics;
+use crate::sink::Starts;
 
 /// The consumer of the pipeline.
 pub type PipelineConsumer = BaseConsumer<PipelineContext>;
@@ -60,6 +64,57 @@ impl ClientContext for PipelineContext {
 }
 
 impl ConsumerContext for PipelineContext {
+    /// rust-rdkafka's rebalance, with one step before an assignment: a sink that keeps the
+    /// offsets itself claims the partitions, and each starts where it says (set in the list
+    /// the consumer is assigned: a seek right after an assignment fails in librdkafka). A
+    /// claim that fails assigns nothing: the loop stops with why.
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        use RDKafkaRespErr::{
+            RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS as ASSIGN,
+            RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS as REVOKE,
+        };
+        if err == ASSIGN {
+            let Some(starts) = self.session().claim(consumer, &partitions(tpl)) else {
+                return;
+            };
+            let starts = match starts {
+                Starts::Group => Vec::new(),
+                Starts::At(starts) => starts,
+            };
+            for ((topic, partition), start) in starts {
+                let offset = start.map_or(Offset::Invalid, Offset::Offset);
+                if let Err(e) = tpl.set_partition_offset(&topic, partition, offset) {
+                    warn!(error = %e, topic, partition, "cannot set where a claimed partition starts");
+                }
+            }
+        }
+        let rebalance = match err {
+            ASSIGN => Rebalance::Assign(tpl),
+            REVOKE => Rebalance::Revoke(tpl),
+            e => Rebalance::Error(KafkaError::Rebalance(e.into())),
+        };
+        self.pre_rebalance(consumer, &rebalance);
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
+        let done = match (err == ASSIGN, cooperative) {
+            (true, true) => consumer.incremental_assign(tpl),
+            (true, false) => consumer.assign(tpl),
+            (false, true) => consumer.incremental_unassign(tpl),
+            (false, false) => consumer.unassign(),
+        };
+        if let Err(e) = done {
+            warn!(error = %e, "the consumer did not take the rebalance");
+        }
+        self.post_rebalance(consumer, &rebalance);
+    }
+
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Revoke(tpl) => {

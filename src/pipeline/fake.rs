@@ -236,6 +236,7 @@ impl Sink for FakeSink {
                 index: r.index,
                 error: "MESSAGE_TOO_LARGE",
                 named: false,
+                alone: false,
             });
         }
         if b.watched.last() == Some(&true) && !b.accepted.iter().any(|t| t == r.topic) {
@@ -444,6 +445,10 @@ impl Group for FakeGroup {
         Ok(())
     }
 
+    fn copy_offsets(&self, offsets: &[(Tp, i64)]) -> KafkaResult<()> {
+        self.commit_offsets(offsets)
+    }
+
     fn committed(&self, partitions: &[Tp], _: Duration) -> KafkaResult<Vec<(Tp, Option<i64>)>> {
         let b = lock(&self.broker);
         let committed = |tp: &Tp| b.committed.get(tp).copied().filter(|_| !b.hide_committed);
@@ -464,6 +469,10 @@ impl Group for FakeGroup {
 
     fn assignment(&self) -> KafkaResult<Vec<Tp>> {
         Ok(self.assigned.borrow().clone())
+    }
+
+    fn pause(&self, _: &[Tp]) -> KafkaResult<()> {
+        Ok(())
     }
 
     fn seek(&self, offsets: &[(Tp, i64)], _: Duration) -> Result<(), SeekFailed> {

@@ -31,7 +31,7 @@ use crate::health::Health;
 use crate::kafka::Tp;
 use crate::lag::Positions;
 use crate::metrics::Metrics;
-use crate::sink::{Began, Driver, Group, Outcome};
+use crate::sink::{Began, Driver, Group, Outcome, Starts};
 use crate::transform::{InputRecord, call};
 
 /// What the loop does next: poll for up to `wait`, or (`read` false: the stage is full) not
@@ -189,6 +189,17 @@ impl Session {
         self.writer.driver.forget(&partitions);
         self.positions.forget(&partitions);
         self.changes.push(Change::Revoked(partitions));
+    }
+
+    /// Partitions are being assigned (inside `poll`, before the consumer takes them): the
+    /// sink claims them if it keeps the offsets, and says where each starts. `None`: it could
+    /// not, and the loop stops with why (kept for it); nothing may be assigned.
+    pub fn claim(&mut self, group: &dyn Group, partitions: &[Tp]) -> Option<Starts> {
+        let driver = &mut self.writer.driver;
+        driver
+            .claim(group, partitions)
+            .map_err(|e| driver.fail_later(e))
+            .ok()
     }
 
     /// Partitions are assigned (inside `poll`).

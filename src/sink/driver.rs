@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
+use tracing::warn;
 
 mod connect;
 mod rewind;
@@ -17,9 +18,10 @@ use super::offsets::CommitOffsets;
 use super::rejected::{Rejections, Source, Verdict};
 use super::routes::Routes;
 use super::{
-    Began, Bounds, Consumed, Failed, Group, Outcome, Record, SendError, Settled, Sink, Unapplied,
-    Unit,
+    Began, Bounds, Consumed, Failed, Group, Outcome, Record, SendError, Settled, Sink, Starts,
+    Unapplied, Unit,
 };
+use crate::backoff::Backoff;
 use crate::error::Error;
 use crate::events::{self, AbortReason, Ended, Occasion, TransactionAborted};
 use crate::kafka::Tp;
@@ -409,6 +411,36 @@ impl Driver {
     /// An error met in a rebalance callback, kept for the loop to stop with.
     pub fn fail_later(&mut self, e: Error) {
         self.fatal.get_or_insert(e);
+    }
+
+    /// Partitions were assigned (in the rebalance callback): the sink claims them if it keeps
+    /// the offsets itself, retried within the call timeout. Where each starts.
+    pub fn claim(&mut self, group: &dyn Group, partitions: &[Tp]) -> Result<Starts, Error> {
+        let deadline = Instant::now() + self.bounds.timeout();
+        let mut attempts = 0;
+        loop {
+            let why = match self.sink.claim(partitions, group, &self.bounds) {
+                Ok(starts) => return Ok(starts),
+                Err(Failed::Exit(e)) => return Err(e),
+                Err(other) => format!("{other:?}"),
+            };
+            attempts += 1;
+            let pause = Backoff::READ_COMMITTED.after(attempts);
+            if Instant::now() + pause >= deadline || self.shutdown.is_cancelled() {
+                return Err(Error::Store(format!(
+                    "claiming {} assigned partitions failed ({why}); stopping rather than \
+                     reading them from anywhere else",
+                    partitions.len()
+                )));
+            }
+            warn!(
+                attempts,
+                error = why,
+                ?pause,
+                "claiming the assigned partitions failed; retrying"
+            );
+            std::thread::sleep(pause);
+        }
     }
 
     /// Abort from a rebalance callback: errors are kept for the loop.

@@ -260,6 +260,7 @@ mod tests {
             transaction_timeout: Duration::from_secs(10),
             startup_timeout: Duration::from_secs(10),
             commit_interval: Duration::from_millis(100),
+            db: None,
         };
         let bounds = Bounds::new(Arc::new(Health::default()), Duration::from_secs(10));
         let mut sink = ExactlyOnce::new(&kafka, &config);

@@ -9,6 +9,8 @@
 //! - [`exactly_once`]: Kafka transactions. Outputs and offsets commit atomically.
 //! - [`at_least_once`]: an idempotent producer; offsets commit after every output of the unit
 //!   is delivered. A crash can duplicate outputs, never lose them.
+//! - [`database`]: rows of a PostgreSQL table, and the offsets in the same database
+//!   transaction, each partition's moved by compare-and-set on its owner's epoch.
 //! - [`faults`]: testing only, failures on purpose in front of either.
 //!
 //! [`start`] picks the configured one (the only place the guarantee is looked at) and connects
@@ -27,6 +29,7 @@
 
 pub mod at_least_once;
 mod bounds;
+pub mod database;
 mod driver;
 pub mod exactly_once;
 pub mod faults;
@@ -127,6 +130,16 @@ pub trait Sink: Send {
             }
         })
     }
+    /// Partitions were assigned: a sink that keeps the offsets with its outputs claims them
+    /// (fencing their previous owner) and says where each starts.
+    fn claim(
+        &mut self,
+        _partitions: &[Tp],
+        _group: &dyn Group,
+        _bounds: &Bounds,
+    ) -> Result<Starts, Failed> {
+        Ok(Starts::Group)
+    }
     /// Whether the destination `name` (a topic) exists; an error says why that is unknown.
     fn exists(&self, name: &str, timeout: Duration) -> Result<bool, String>;
     /// How an open unit ends when `abort` succeeds: aborted on the broker, or (at least
@@ -146,13 +159,19 @@ pub fn start(
     metrics: Arc<Metrics>,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<Driver, Error> {
-    let sink: Box<dyn Sink> = match config.guarantee {
-        Guarantee::ExactlyOnce => Box::new(exactly_once::ExactlyOnce::new(kafka, config)),
-        Guarantee::AtLeastOnce => Box::new(at_least_once::AtLeastOnce::new(kafka, config)),
+    let sink: Box<dyn Sink> = match (&config.db, config.guarantee) {
+        (Some(db), _) => {
+            let crash = test.crash_after_db_commit;
+            Box::new(database::Database::new(db, &config.output_topic, crash)?)
+        }
+        (None, Guarantee::ExactlyOnce) => Box::new(exactly_once::ExactlyOnce::new(kafka, config)),
+        (None, Guarantee::AtLeastOnce) => Box::new(at_least_once::AtLeastOnce::new(kafka, config)),
     };
     let sink = faults::wrap(sink, test);
     let bounds = Bounds::new(health, config.transaction_timeout);
-    Driver::start(sink, bounds, config.startup_timeout, metrics, shutdown).map_err(|e| match e {
+    let started = Driver::start(sink, bounds, config.startup_timeout, metrics, shutdown);
+    started.map_err(|e| match e {
+        Error::Startup(why) if config.db.is_some() => Error::Startup(why),
         Error::Startup(why) => Error::Startup(format!(
             "--bootstrap-servers {}: {why}",
             kafka.bootstrap_servers
@@ -251,6 +270,15 @@ pub enum NotConnected {
     Exit(Error),
 }
 
+/// Where assigned partitions start reading.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Starts {
+    /// At the group's committed offsets (the Kafka sinks commit there).
+    Group,
+    /// Where the sink says, per partition (`None`: by the consumer's reset policy).
+    At(Vec<(Tp, Option<i64>)>),
+}
+
 /// What is committed for each partition asked about (`None`: nothing yet).
 pub type Committed = Vec<(Tp, Option<i64>)>;
 
@@ -275,6 +303,9 @@ pub struct Rejection {
     /// The destination named this record itself (Kafka's `INVALID_RECORD`, KIP-467), not only
     /// the batch it travelled in.
     pub named: bool,
+    /// The destination judged this record on its own (a database writes a refused batch again
+    /// row by row): the refusal is certainly this record's.
+    pub alone: bool,
 }
 
 /// One record to send: its destination, the record (whose headers the send takes), its
@@ -298,6 +329,9 @@ pub trait Group {
     fn member(&self) -> Option<kafka::member::Member>;
     /// Commits `offsets` outside any transaction.
     fn commit_offsets(&self, offsets: &[(Tp, i64)]) -> KafkaResult<()>;
+    /// Copies `offsets` into the group without waiting (what a sink that keeps its own
+    /// offsets tells the group's readers: lag exporters, `kafka-consumer-groups`).
+    fn copy_offsets(&self, offsets: &[(Tp, i64)]) -> KafkaResult<()>;
     /// The group's committed offsets of `partitions` (`None`: nothing committed).
     fn committed(&self, partitions: &[Tp], timeout: Duration) -> KafkaResult<Committed>;
     /// The consumer's position in each assigned partition that has one (a seek unsets it
@@ -307,6 +341,8 @@ pub trait Group {
     fn assignment(&self) -> KafkaResult<Vec<Tp>>;
     /// Moves the consumer to `offsets`. A partition that could not move comes back with why.
     fn seek(&self, offsets: &[(Tp, i64)], timeout: Duration) -> Result<(), SeekFailed>;
+    /// Stops fetching `partitions` until they are assigned again (another owner took them).
+    fn pause(&self, partitions: &[Tp]) -> KafkaResult<()>;
 }
 
 /// Why a seek did not move every partition.
@@ -331,6 +367,10 @@ impl<X: ConsumerContext> Group for BaseConsumer<X> {
         self.commit(&kafka::offset_list(offsets)?, CommitMode::Sync)
     }
 
+    fn copy_offsets(&self, offsets: &[(Tp, i64)]) -> KafkaResult<()> {
+        self.commit(&kafka::offset_list(offsets)?, CommitMode::Async)
+    }
+
     fn committed(&self, partitions: &[Tp], timeout: Duration) -> KafkaResult<Committed> {
         let tpl = self.committed_offsets(kafka::partition_list(partitions), timeout)?;
         // A partition the broker could not answer for is no partition without an offset.
@@ -352,6 +392,10 @@ impl<X: ConsumerContext> Group for BaseConsumer<X> {
 
     fn assignment(&self) -> KafkaResult<Vec<Tp>> {
         Consumer::assignment(self).map(|tpl| kafka::partitions(&tpl))
+    }
+
+    fn pause(&self, partitions: &[Tp]) -> KafkaResult<()> {
+        Consumer::pause(self, &kafka::partition_list(partitions))
     }
 
     fn seek(&self, offsets: &[(Tp, i64)], timeout: Duration) -> Result<(), SeekFailed> {

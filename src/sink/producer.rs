@@ -181,6 +181,7 @@ impl ProducerContext for DeliveryContext {
                         index,
                         error,
                         named,
+                        alone: false,
                     });
             }
         }

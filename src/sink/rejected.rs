@@ -181,7 +181,8 @@ impl Verdicts {
             (a.topic, a.partition, a.offset) == (b.topic, b.partition, b.offset)
         });
         let named = rejected.iter().all(|(_, r)| r.named);
-        let certain = alone || rejected.len() == 1 || (one_input && named);
+        let judged_alone = rejected.iter().all(|(_, r)| r.alone);
+        let certain = alone || judged_alone || rejected.len() == 1 || (one_input && named);
         let mut changed = false;
         for &(s, r) in rejected {
             let known = self.get_with(s.topic, s.partition, s.offset);
@@ -322,6 +323,7 @@ impl Rejections {
             index: 0,
             error: "MESSAGE_TOO_LARGE",
             named: true,
+            alone: true,
         };
         self.verdicts.learn(&[(source, r)], true);
     }
@@ -364,6 +366,7 @@ mod tests {
         index: 0,
         error: "MESSAGE_TOO_LARGE",
         named: false,
+        alone: false,
     };
 
     #[test]

@@ -1,0 +1,222 @@
+//! The database sink's options (`--db-*`): outputs become rows of a table, and the offsets
+//! live in the same database, moved in the transaction that writes the rows
+//! (docs/database.md).
+
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use super::parse_duration;
+use crate::error::Error;
+
+/// Options of the database sink.
+#[derive(Clone, Debug, Args)]
+pub struct DbArgs {
+    /// Write outputs as rows of --db-table in this PostgreSQL database (a libpq URL:
+    /// postgres://user@host:port/db), with the offsets in the same transaction, instead of to
+    /// Kafka. The password comes from --db-password-env or --db-password-file, never the
+    /// URL.
+    #[arg(
+        long,
+        env = "EXACTLY_DB_URL",
+        value_name = "URL",
+        requires = "db_table"
+    )]
+    pub db_url: Option<String>,
+
+    /// Environment variable that holds the database password.
+    #[arg(
+        long,
+        env = "EXACTLY_DB_PASSWORD_ENV",
+        value_name = "VAR",
+        conflicts_with = "db_password_file",
+        requires = "db_url"
+    )]
+    pub db_password_env: Option<String>,
+
+    /// File that holds the database password (a mounted secret; one trailing newline is
+    /// dropped).
+    #[arg(
+        long,
+        env = "EXACTLY_DB_PASSWORD_FILE",
+        value_name = "PATH",
+        requires = "db_url"
+    )]
+    pub db_password_file: Option<std::path::PathBuf>,
+
+    /// The table outputs are written to (`table` or `schema.table`): each output's value is a
+    /// JSON object whose fields are its columns (a column missing is NULL).
+    #[arg(
+        long,
+        env = "EXACTLY_DB_TABLE",
+        value_name = "TABLE",
+        requires = "db_url"
+    )]
+    pub db_table: Option<String>,
+
+    /// upsert: a row replaces the one of its primary key. insert: rows are appended; a row
+    /// whose key is taken is the record's fault (--on-error).
+    #[arg(long, env = "EXACTLY_DB_MODE", value_enum, default_value_t = DbMode::Upsert, requires = "db_url")]
+    pub db_mode: DbMode,
+
+    /// The table of the group's offsets (created if missing).
+    #[arg(
+        long,
+        env = "EXACTLY_DB_OFFSETS_TABLE",
+        value_name = "TABLE",
+        default_value = "exactly_offsets",
+        requires = "db_url"
+    )]
+    pub db_offsets_table: String,
+
+    /// The table dead-letter copies are written to, in the same transaction (created if
+    /// missing) [default: <db-table>_dlq].
+    #[arg(
+        long,
+        env = "EXACTLY_DB_DLQ_TABLE",
+        value_name = "TABLE",
+        requires = "db_url"
+    )]
+    pub db_dlq_table: Option<String>,
+
+    /// A text column of --db-table that takes each row's lineage
+    /// (<topic>/<partition>/<offset>/<index> of its input).
+    #[arg(
+        long,
+        env = "EXACTLY_DB_LINEAGE_COLUMN",
+        value_name = "COLUMN",
+        requires = "db_url"
+    )]
+    pub db_lineage_column: Option<String>,
+
+    /// The server's bound on one statement and one lock wait (statement_timeout,
+    /// lock_timeout); the client waits a second longer, then cancels.
+    #[arg(long, env = "EXACTLY_DB_STATEMENT_TIMEOUT", value_name = "DURATION", default_value = "10s", value_parser = parse_duration, requires = "db_url")]
+    pub db_statement_timeout: Duration,
+}
+
+/// How rows are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DbMode {
+    /// `INSERT … ON CONFLICT (key) DO UPDATE`: the last row of a key wins.
+    Upsert,
+    /// `INSERT`: a key taken is the row's fault.
+    Insert,
+}
+
+/// The database sink, validated.
+#[derive(Clone, Debug)]
+pub struct DbConfig {
+    /// libpq URL.
+    pub url: String,
+    /// Password, kept out of the URL.
+    pub password: Option<String>,
+    /// The rows' table.
+    pub table: String,
+    /// How rows are written.
+    pub mode: DbMode,
+    /// The offsets table.
+    pub offsets_table: String,
+    /// The dead-letter table.
+    pub dlq_table: String,
+    /// The lineage column, if any.
+    pub lineage_column: Option<String>,
+    /// statement_timeout and lock_timeout.
+    pub statement_timeout: Duration,
+    /// The consumer group whose offsets the table keeps.
+    pub group: String,
+    /// This instance, as the offsets table names a partition's owner.
+    pub owner: String,
+    /// The name dead-letter copies are addressed to (they go to the --db-dlq-table).
+    pub dlq_topic: String,
+}
+
+impl DbArgs {
+    /// The database sink, if `--db-url` is set, keeping `group`'s offsets as `owner`;
+    /// dead-letter copies addressed to `dlq_topic` go to its table.
+    pub fn resolve(
+        &self,
+        group: &str,
+        owner: &str,
+        dlq_topic: &str,
+    ) -> Result<Option<DbConfig>, Error> {
+        let Some(url) = &self.db_url else {
+            return Ok(None);
+        };
+        let table = self.db_table.clone().unwrap_or_default();
+        let name = |flag: &str, t: &str| {
+            crate::db::identifier(t)
+                .map(|_| ())
+                .map_err(|e| Error::Config(format!("{flag}: {e}")))
+        };
+        name("--db-table", &table)?;
+        name("--db-offsets-table", &self.db_offsets_table)?;
+        let dlq_table = (self.db_dlq_table.clone()).unwrap_or_else(|| format!("{table}_dlq"));
+        name("--db-dlq-table", &dlq_table)?;
+        for (flag, other) in [
+            ("--db-offsets-table", &self.db_offsets_table),
+            ("--db-dlq-table", &dlq_table),
+        ] {
+            if *other == table {
+                return Err(Error::Config(format!(
+                    "{flag}: '{other}' is also the --db-table"
+                )));
+            }
+        }
+        if self.db_offsets_table == dlq_table {
+            return Err(Error::Config(format!(
+                "--db-dlq-table: '{dlq_table}' is also the --db-offsets-table"
+            )));
+        }
+        if let Some(c) = &self.db_lineage_column
+            && !crate::db::identifier(c).is_ok_and(|_| !c.contains('.'))
+        {
+            return Err(Error::Config(format!(
+                "--db-lineage-column: '{c}' is not a column name (letters, digits and _)"
+            )));
+        }
+        let Ok(parsed) = url.parse::<tokio_postgres::Config>() else {
+            return Err(Error::Config(
+                "--db-url: not a PostgreSQL URL (postgres://user@host:port/database)".into(),
+            ));
+        };
+        if parsed.get_password().is_some() {
+            return Err(Error::Config(
+                "--db-url: a password in the URL is refused (logs and process lists show it); \
+                 use --db-password-env or --db-password-file"
+                    .into(),
+            ));
+        }
+        let password = match (&self.db_password_env, &self.db_password_file) {
+            (Some(var), _) => Some(
+                std::env::var(var)
+                    .map_err(|_| Error::Config(format!("--db-password-env: ${var} is not set")))?,
+            ),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    Error::Config(format!("--db-password-file: {}: {e}", path.display()))
+                })?;
+                Some(text.strip_suffix('\n').unwrap_or(&text).to_string())
+            }
+            (None, None) => None,
+        };
+        if self.db_statement_timeout < Duration::from_millis(100) {
+            return Err(Error::Config(
+                "--db-statement-timeout: must be at least 100ms".into(),
+            ));
+        }
+        Ok(Some(DbConfig {
+            url: url.clone(),
+            password,
+            table,
+            mode: self.db_mode,
+            offsets_table: self.db_offsets_table.clone(),
+            dlq_table,
+            lineage_column: self.db_lineage_column.clone(),
+            statement_timeout: self.db_statement_timeout,
+            group: group.to_string(),
+            owner: owner.to_string(),
+            dlq_topic: dlq_topic.to_string(),
+        }))
+    }
+}

@@ -1,0 +1,589 @@
+//! The database sink: outputs become rows of a PostgreSQL table, and the group's offsets live
+//! in the same database, moved in the transaction that writes the rows (docs/database.md).
+//!
+//! A unit's rows wait in memory until its commit, which is one database transaction: the
+//! rows, the dead-letter copies, then each partition's offset moved by compare-and-set on (the
+//! offset this instance last wrote, its claim's epoch). A partition is claimed when it is
+//! assigned ([`Sink::claim`]): its epoch goes up, which fences whoever had it, and the
+//! consumer starts at the table's offset. So the table decides, never the Kafka group: an
+//! instance that lost a partition without hearing it (paused, partitioned from the broker)
+//! finds its compare-and-set changes no row, and rolls back. After the commit the offsets are
+//! copied to the Kafka group, for the lag tools.
+//!
+//! The database tells what a commit did even when its answer is lost: [`Sink::committed`]
+//! reads the offsets table, which is what the driver's rewind and its unknown-outcome
+//! resolution ask.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rdkafka::message::Headers;
+use tracing::{info, warn};
+
+use super::{
+    Bounds, Committed, Failed, Group, NotConnected, Record, Rejection, Sink, Starts, Unreadable,
+};
+use crate::config::db::{DbConfig, DbMode};
+use crate::db::offsets::{Advance, Offsets};
+use crate::db::rows::{DeadLetter, DeadLetters, Table, Unwritten};
+use crate::db::{self, Db, Failure};
+use crate::error::Error;
+use crate::events::AbortReason;
+use crate::headers::{ERROR_REASON, LINEAGE};
+use crate::kafka::Tp;
+use crate::records::Outgoing;
+
+/// A partition this instance claimed: the offset it last wrote there, and its epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Claim {
+    next: Option<i64>,
+    epoch: i64,
+}
+
+/// The database sink.
+pub struct Database {
+    config: DbConfig,
+    /// The names records are addressed to: rows, and dead-letter copies.
+    output: String,
+    dlq: String,
+    offsets: Offsets,
+    dead: DeadLetters,
+    /// `None` until connected, and after the connection was lost.
+    db: Option<Db>,
+    table: Option<Table>,
+    /// The open unit: rows (with their send's index), dead-letter copies, and the sends
+    /// refused before any reached the database.
+    rows: Vec<(usize, serde_json::Value)>,
+    copies: Vec<DeadLetter>,
+    rejections: Vec<Rejection>,
+    /// The partitions claimed, by the offsets table's answer. Behind a lock because reading
+    /// the committed offsets (`&self`) refreshes them.
+    claims: Mutex<HashMap<Tp, Claim>>,
+    /// Testing only: commits left before the process aborts after one.
+    crash_after: Option<u64>,
+}
+
+impl Database {
+    /// Not connected yet. `output`: the name outputs are addressed to. `crash_after`
+    /// (testing only): the commit after which the process aborts, before the group copy.
+    pub fn new(
+        config: &DbConfig,
+        output: &str,
+        crash_after: Option<u64>,
+    ) -> Result<Database, Error> {
+        let offsets = Offsets::new(&config.offsets_table, &config.group, &config.owner)
+            .map_err(|e| Error::Config(format!("--db-offsets-table: {e}")))?;
+        let dead = DeadLetters::new(&config.dlq_table)
+            .map_err(|e| Error::Config(format!("--db-dlq-table: {e}")))?;
+        Ok(Database {
+            config: config.clone(),
+            output: output.to_string(),
+            dlq: config.dlq_topic.clone(),
+            offsets,
+            dead,
+            db: None,
+            table: None,
+            rows: Vec::new(),
+            copies: Vec::new(),
+            rejections: Vec::new(),
+            claims: Mutex::new(HashMap::new()),
+            crash_after,
+        })
+    }
+
+    fn claims(&self) -> std::sync::MutexGuard<'_, HashMap<Tp, Claim>> {
+        self.claims.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A connection, checked: the tables there, the rows' table as the catalog has it.
+    fn open(&self, bounds: &Bounds) -> Result<(Db, Table), NotConnected> {
+        let c = &self.config;
+        let limits = db::Bounds {
+            statement: c.statement_timeout,
+            // A zombie's open transaction ends on the server within the transaction timeout.
+            idle_in_transaction: bounds.timeout().max(c.statement_timeout),
+        };
+        let password = c.password.as_deref();
+        let db = Db::connect(&c.url, password, limits).map_err(|f| match f.code.as_deref() {
+            Some(code) if code.starts_with("28") || code == "3D000" => {
+                NotConnected::Refused(format!("--db-url: {f}"))
+            }
+            _ => NotConnected::Retry(format!("--db-url: {f}")),
+        })?;
+        let setup = |f: Failure, flag: &str| match f.code.as_deref() {
+            Some(code) if code == "42501" || code.starts_with("28") => {
+                NotConnected::Exit(Error::Config(format!("{flag}: {f}")))
+            }
+            _ => NotConnected::Retry(format!("{flag}: {f}")),
+        };
+        (self.offsets.create(&db)).map_err(|f| setup(f, "--db-offsets-table"))?;
+        (self.dead.create(&db)).map_err(|f| setup(f, "--db-dlq-table"))?;
+        let table = match Table::describe(&db, &c.table) {
+            Ok(t) => t,
+            // The server answers, so the table is what is wrong.
+            Err(e) if db.batch("SELECT 1").is_ok() => {
+                return Err(NotConnected::Exit(Error::Config(format!(
+                    "--db-table: {e}"
+                ))));
+            }
+            Err(e) => return Err(NotConnected::Retry(format!("--db-table: {e}"))),
+        };
+        if c.mode == DbMode::Upsert
+            && let Err(e) = table.upsertable()
+        {
+            return Err(NotConnected::Exit(Error::Config(format!(
+                "--db-table: {e}"
+            ))));
+        }
+        if let Some(column) = &c.lineage_column
+            && !table.columns().contains(column)
+        {
+            return Err(NotConnected::Exit(Error::Config(format!(
+                "--db-lineage-column: table {} has no column '{column}'",
+                c.table
+            ))));
+        }
+        Ok((db, table))
+    }
+
+    /// Connects again if the connection was lost.
+    fn ensure(&mut self, bounds: &Bounds) -> Result<(), Failed> {
+        if self.db.is_some() {
+            return Ok(());
+        }
+        match self.open(bounds) {
+            Ok((db, table)) => {
+                self.db = Some(db);
+                self.table = Some(table);
+                Ok(())
+            }
+            Err(NotConnected::Exit(e)) => Err(Failed::Exit(e)),
+            Err(NotConnected::Retry(why) | NotConnected::Refused(why)) => {
+                warn!(error = %why, "the database is unreachable");
+                Err(Failed::Recreate(AbortReason::DatabaseUnavailable))
+            }
+        }
+    }
+
+    /// The connection (after [`Database::ensure`]).
+    fn connected(&self) -> Result<&Db, Failed> {
+        self.db
+            .as_ref()
+            .ok_or(Failed::Recreate(AbortReason::DatabaseUnavailable))
+    }
+
+    /// Ends the open transaction, if the connection still stands.
+    fn rollback(&mut self) {
+        if let Some(db) = &self.db
+            && let Err(e) = db.batch("ROLLBACK")
+            && e.closed
+        {
+            self.db = None;
+        }
+    }
+
+    /// What a failed statement of the open transaction asks for, once it is rolled back: a
+    /// lost connection a new one; a conflict (class 40) or another failure an abort and
+    /// replay; a permission or a table missing, the process to stop.
+    fn failed(&mut self, f: Failure, doing: &str) -> Failed {
+        if !f.closed {
+            self.rollback();
+        }
+        if f.closed {
+            warn!(error = %f, doing, "the database connection was lost; connecting again");
+            self.db = None;
+            return Failed::Recreate(AbortReason::DatabaseUnavailable);
+        }
+        let code = f.code.as_deref().unwrap_or_default();
+        if code == "42501" || code == "42P01" || code == "42703" || code.starts_with("28") {
+            return Failed::Exit(Error::Config(format!("--db-url: {doing}: {f}")));
+        }
+        warn!(error = %f, code, doing, "the database failed the transaction; aborting");
+        if f.is_retryable() {
+            Failed::Abort(AbortReason::DatabaseConflict)
+        } else {
+            Failed::Abort(AbortReason::DatabaseFailed)
+        }
+    }
+
+    /// The moves of `offsets`, by topic, from this instance's claims; `Err`: a partition it
+    /// has no claim on.
+    fn moves(&self, offsets: &[(Tp, i64)]) -> Result<BTreeMap<String, Vec<Advance>>, Tp> {
+        let claims = self.claims();
+        let mut moves: BTreeMap<String, Vec<Advance>> = BTreeMap::new();
+        for (tp, to) in offsets {
+            let claim = claims.get(tp).ok_or_else(|| tp.clone())?;
+            moves.entry(tp.0.clone()).or_default().push(Advance {
+                partition: tp.1,
+                from: claim.next,
+                to: *to,
+                epoch: claim.epoch,
+            });
+        }
+        Ok(moves)
+    }
+
+    /// The open unit's rows, copies and offsets, in one transaction, committed.
+    fn write(
+        &mut self,
+        moves: &BTreeMap<String, Vec<Advance>>,
+        bounds: &Bounds,
+    ) -> Result<(), Failed> {
+        let (rows, copies) = (
+            std::mem::take(&mut self.rows),
+            std::mem::take(&mut self.copies),
+        );
+        self.ensure(bounds)?;
+        let db = self.connected()?;
+        if let Err(f) = db.batch("BEGIN") {
+            return Err(self.failed(f, "beginning"));
+        }
+        let table = self
+            .table
+            .as_ref()
+            .ok_or(Failed::Abort(AbortReason::DatabaseFailed))?;
+        let written = match self.config.mode {
+            DbMode::Upsert => table.upsert(db, &rows),
+            DbMode::Insert => table.insert(db, &rows),
+        };
+        match written {
+            Ok(()) => {}
+            Err(Unwritten::Rows(refused)) => {
+                for (index, f) in &refused {
+                    warn!(index, code = ?f.code, error = %f, "the database refused a row");
+                }
+                self.rejections
+                    .extend(refused.iter().map(|(index, f)| Rejection {
+                        index: *index,
+                        error: sqlstate_name(f.code.as_deref()),
+                        named: true,
+                        alone: true,
+                    }));
+                self.rollback();
+                return Err(Failed::Abort(AbortReason::RecordRejected));
+            }
+            Err(Unwritten::Batch(f)) => return Err(self.failed(f, "writing rows")),
+        }
+        if let Err(f) = self.dead.write(db, &copies) {
+            return Err(self.failed(f, "writing dead-letter copies"));
+        }
+        for (topic, moves) in moves {
+            match self.offsets.advance(db, topic, moves) {
+                Ok(fenced) if fenced.is_empty() => {}
+                Ok(fenced) => {
+                    self.rollback();
+                    warn!(
+                        topic,
+                        ?fenced,
+                        "another instance claimed these partitions; rolled back, \
+                                           and they are dropped until assigned again"
+                    );
+                    let mut claims = self.claims();
+                    for p in fenced {
+                        claims.remove(&(topic.clone(), p));
+                    }
+                    return Err(Failed::Abort(AbortReason::PartitionClaimed));
+                }
+                Err(f) => return Err(self.failed(f, "moving offsets")),
+            }
+        }
+        match db.batch("COMMIT") {
+            Ok(()) => Ok(()),
+            Err(f) if f.closed => {
+                warn!(error = %f, "the connection was lost during COMMIT; the offsets table tells \
+                                   whether it committed");
+                self.db = None;
+                Err(Failed::Abort(AbortReason::CommitOutcomeUnknown))
+            }
+            Err(f) => Err(self.failed(f, "committing")),
+        }
+    }
+}
+
+impl Sink for Database {
+    fn connect(&mut self, bounds: &Bounds) -> Result<(), NotConnected> {
+        self.db = None;
+        let (db, table) = self.open(bounds)?;
+        info!(table = %self.config.table, offsets = %self.config.offsets_table, "connected to the database");
+        self.db = Some(db);
+        self.table = Some(table);
+        Ok(())
+    }
+
+    fn begin(&mut self, _bounds: &Bounds) -> Result<(), Failed> {
+        // The database transaction is the commit's: nothing stays open between records.
+        self.rows.clear();
+        self.copies.clear();
+        self.rejections.clear();
+        Ok(())
+    }
+
+    fn send(&mut self, record: Record<'_, '_>, _bounds: &Bounds) -> Result<(), Failed> {
+        let Record {
+            topic, out, index, ..
+        } = record;
+        if topic == self.dlq {
+            self.copies.push(dead_letter(out));
+            return Ok(());
+        }
+        if topic != self.output {
+            return Err(Failed::Unroutable {
+                topic: topic.to_string(),
+                error: "NOT_THE_TABLE",
+            });
+        }
+        let value = out.value.as_deref().map(serde_json::from_slice);
+        let Some(Ok(serde_json::Value::Object(mut row))) = value else {
+            self.rejections.push(Rejection {
+                index,
+                error: "NOT_A_JSON_OBJECT",
+                named: true,
+                alone: true,
+            });
+            return Ok(());
+        };
+        if let Some(column) = &self.config.lineage_column {
+            let lineage = header(out, LINEAGE).map_or(serde_json::Value::Null, Into::into);
+            row.insert(column.clone(), lineage);
+        }
+        self.rows.push((index, serde_json::Value::Object(row)));
+        Ok(())
+    }
+
+    fn settle(&mut self, _bounds: &Bounds) -> bool {
+        true
+    }
+
+    fn take_rejections(&mut self, _wait: Duration) -> Vec<Rejection> {
+        std::mem::take(&mut self.rejections)
+    }
+
+    fn has_rejections(&self) -> bool {
+        !self.rejections.is_empty()
+    }
+
+    fn commit(
+        &mut self,
+        offsets: &[(Tp, i64)],
+        group: &dyn Group,
+        bounds: &Bounds,
+    ) -> Result<(), Failed> {
+        if !self.rejections.is_empty() {
+            return Err(Failed::Abort(AbortReason::RecordRejected));
+        }
+        let moves = match self.moves(offsets) {
+            Ok(moves) => moves,
+            Err(tp) => {
+                warn!(topic = %tp.0, partition = tp.1, "no claim on a partition of the unit \
+                                                        (another instance took it); aborting");
+                let _ = group.pause(std::slice::from_ref(&tp));
+                return Err(Failed::Abort(AbortReason::PartitionClaimed));
+            }
+        };
+        let written = {
+            let _g = bounds.health.in_call("database commit");
+            self.write(&moves, bounds)
+        };
+        if let Err(e) = written {
+            if matches!(e, Failed::Abort(AbortReason::PartitionClaimed)) {
+                let lost: Vec<Tp> = {
+                    let claims = self.claims();
+                    offsets
+                        .iter()
+                        .map(|(tp, _)| tp.clone())
+                        .filter(|tp| !claims.contains_key(tp))
+                        .collect()
+                };
+                let _ = group.pause(&lost);
+            }
+            return Err(e);
+        }
+        {
+            let mut claims = self.claims();
+            for (tp, to) in offsets {
+                if let Some(c) = claims.get_mut(tp) {
+                    c.next = Some(*to);
+                }
+            }
+        }
+        if let Some(n) = &mut self.crash_after {
+            *n -= 1;
+            if *n == 0 {
+                warn!("--test-crash-after-db-commit: aborting after the database commit");
+                std::process::abort();
+            }
+        }
+        // For the lag tools; the table is what counts.
+        if let Err(e) = group.copy_offsets(offsets) {
+            warn!(error = %e, "copying the offsets to the Kafka group failed");
+        }
+        Ok(())
+    }
+
+    fn abort(&mut self, _reason: AbortReason, bounds: &Bounds) -> Result<(), Failed> {
+        // Nothing is open in the database between commits; a lost connection is replaced
+        // here, so the rewind can read the offsets.
+        self.rows.clear();
+        self.copies.clear();
+        self.ensure(bounds)
+    }
+
+    fn committed(
+        &self,
+        _group: &dyn Group,
+        partitions: &[Tp],
+        _timeout: Duration,
+    ) -> Result<Committed, Unreadable> {
+        let Some(db) = &self.db else {
+            return Err(Unreadable::Retry("not connected to the database".into()));
+        };
+        let mut by_topic: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
+        for (t, p) in partitions {
+            by_topic.entry(t).or_default().push(*p);
+        }
+        let mut rows = HashMap::new();
+        for (topic, ps) in by_topic {
+            let read = self.offsets.read(db, topic, &ps);
+            let read = read.map_err(|f| Unreadable::Retry(format!("the offsets table: {f}")))?;
+            rows.extend(
+                read.into_iter()
+                    .map(|c| ((topic.to_string(), c.partition), c)),
+            );
+        }
+        // The table is the truth: a claim of ours takes its offset (a commit whose answer was
+        // lost may have moved it), a partition claimed by another is not ours any more.
+        let mut claims = self.claims();
+        claims.retain(|tp, claim| match rows.get(tp) {
+            Some(row) if row.epoch == claim.epoch => {
+                claim.next = row.next;
+                true
+            }
+            Some(_) => false,
+            None => !partitions.contains(tp),
+        });
+        Ok(partitions
+            .iter()
+            .map(|tp| (tp.clone(), rows.get(tp).and_then(|c| c.next)))
+            .collect())
+    }
+
+    fn claim(
+        &mut self,
+        partitions: &[Tp],
+        group: &dyn Group,
+        bounds: &Bounds,
+    ) -> Result<Starts, Failed> {
+        let mut by_topic: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+        for (t, p) in partitions {
+            by_topic.entry(t.clone()).or_default().push(*p);
+        }
+        let mut starts = Vec::new();
+        for (topic, ps) in by_topic {
+            self.ensure(bounds)?;
+            let db = self.connected()?;
+            let there = match self.offsets.read(db, &topic, &ps) {
+                Ok(rows) => rows,
+                Err(f) => return Err(self.failed(f, "reading the offsets table")),
+            };
+            // A row missing is seeded from the group's Kafka offset: a Kafka→Kafka group
+            // moves over without replay.
+            let missing: Vec<Tp> = (ps.iter())
+                .filter(|p| !there.iter().any(|c| c.partition == **p))
+                .map(|p| (topic.clone(), *p))
+                .collect();
+            let seeds = if missing.is_empty() {
+                Vec::new()
+            } else {
+                group.committed(&missing, bounds.timeout()).map_err(|e| {
+                    warn!(error = %e, "reading the group's offsets to seed the offsets table");
+                    Failed::Abort(AbortReason::DatabaseFailed)
+                })?
+            };
+            let seed = |p: i32| seeds.iter().find(|(tp, _)| tp.1 == p).and_then(|s| s.1);
+            let wanted: Vec<(i32, Option<i64>)> = ps.iter().map(|p| (*p, seed(*p))).collect();
+            self.ensure(bounds)?;
+            let db = self.connected()?;
+            let claimed = match self.offsets.claim(db, &topic, &wanted) {
+                Ok(c) => c,
+                Err(f) => return Err(self.failed(f, "claiming partitions")),
+            };
+            let mut claims = self.claims();
+            for c in claimed {
+                let tp = (topic.clone(), c.partition);
+                claims.insert(
+                    tp.clone(),
+                    Claim {
+                        next: c.next,
+                        epoch: c.epoch,
+                    },
+                );
+                starts.push((tp, c.next));
+            }
+        }
+        info!(partitions = starts.len(), "claimed in the offsets table");
+        Ok(Starts::At(starts))
+    }
+
+    fn exists(&self, name: &str, _timeout: Duration) -> Result<bool, String> {
+        Ok(name == self.output || name == self.dlq)
+    }
+}
+
+/// A header's value as text.
+fn header(out: &Outgoing<'_>, name: &str) -> Option<String> {
+    (out.headers.iter())
+        .find(|h| h.key == name)
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+/// The dead-letter copy of `out`.
+fn dead_letter(out: &Outgoing<'_>) -> DeadLetter {
+    let headers: serde_json::Map<String, serde_json::Value> = (out.headers.iter())
+        .map(|h| {
+            let value = h.value.map_or(serde_json::Value::Null, |v| {
+                String::from_utf8_lossy(v).into_owned().into()
+            });
+            (h.key.to_string(), value)
+        })
+        .collect();
+    DeadLetter {
+        reason: header(out, ERROR_REASON),
+        lineage: header(out, LINEAGE),
+        key: out.key.as_deref().map(<[u8]>::to_vec),
+        value: out.value.as_deref().map(<[u8]>::to_vec),
+        headers: serde_json::Value::Object(headers).to_string(),
+    }
+}
+
+/// A name for the DLQ copy's headers of why the database refused a row (`exactly.error.broker`).
+fn sqlstate_name(code: Option<&str>) -> &'static str {
+    match code.unwrap_or_default() {
+        "23505" => "UNIQUE_VIOLATION",
+        "23502" => "NOT_NULL_VIOLATION",
+        "23503" => "FOREIGN_KEY_VIOLATION",
+        "23514" => "CHECK_VIOLATION",
+        "22P02" => "INVALID_TEXT_REPRESENTATION",
+        "22003" => "NUMERIC_VALUE_OUT_OF_RANGE",
+        "22001" => "STRING_DATA_RIGHT_TRUNCATION",
+        "22007" | "22008" => "INVALID_DATETIME",
+        c if c.starts_with("23") => "INTEGRITY_CONSTRAINT_VIOLATION",
+        _ => "DATA_EXCEPTION",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_named_by_their_sqlstate() {
+        assert_eq!(sqlstate_name(Some("23505")), "UNIQUE_VIOLATION");
+        assert_eq!(
+            sqlstate_name(Some("23P01")),
+            "INTEGRITY_CONSTRAINT_VIOLATION"
+        );
+        assert_eq!(sqlstate_name(Some("22012")), "DATA_EXCEPTION");
+    }
+}
