@@ -33,25 +33,30 @@ struct Pipeline {
     group: String,
     table: String,
     offsets: String,
+    jq: String,
 }
+
+/// The rows' table of most tests: an identity key, so a duplicate is a second row.
+const APPEND_ONLY: &str = "id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                           n bigint NOT NULL, doubled bigint, lineage text";
 
 impl Pipeline {
     fn new(name: &str, partitions: i32) -> Pipeline {
+        Pipeline::with(name, partitions, APPEND_ONLY, "{n, doubled: (.n * 2)}")
+    }
+
+    /// A table of `columns`, written through `jq`.
+    fn with(name: &str, partitions: i32, columns: &str, jq: &str) -> Pipeline {
         let topics = Topics::create(name, partitions, 1);
         let table = unique(name).replace('-', "_");
-        db().batch(&format!(
-            "CREATE TABLE \"{table}\" (
-               id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-               n bigint NOT NULL,
-               doubled bigint,
-               lineage text)"
-        ))
-        .unwrap();
+        db().batch(&format!("CREATE TABLE \"{table}\" ({columns})"))
+            .unwrap();
         Pipeline {
             topics,
             group: unique(&format!("{name}-g")),
             offsets: format!("{table}_offsets"),
             table,
+            jq: jq.to_string(),
         }
     }
 
@@ -75,7 +80,7 @@ impl Pipeline {
             "--db-password-env",
             "EXACTLY_TEST_STORE_PASSWORD",
             "--jq",
-            "{n, doubled: (.n * 2)}",
+            &self.jq,
         ];
         args.extend(table.iter().chain(extra).map(|s| s.to_string()));
         args
@@ -179,4 +184,115 @@ fn rows_and_offsets_commit_together_across_kill_9_and_the_group_gets_a_copy() {
     }
     ex.stop_cleanly();
     p.assert_exactly_once(total as i64);
+}
+
+#[test]
+fn rows_the_database_refuses_and_values_that_are_no_rows_go_to_the_dead_letter_table_once() {
+    // n % 100 = 7 breaks a CHECK; a `d` that is no number is no bigint; n = 5 is no object.
+    let columns = "id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                   n bigint NOT NULL CHECK (n % 100 <> 7), doubled bigint, lineage text";
+    let jq = "if .n == 5 then .n else {n, doubled: .d} end";
+    let p = Pipeline::with("db-bad", 2, columns, jq);
+    let total = 300;
+    let inputs: Vec<In> = (0..total)
+        .map(|i| {
+            let d = if i % 100 == 3 {
+                serde_json::json!("zz")
+            } else {
+                serde_json::json!(i * 2)
+            };
+            In::json(
+                i as i32 % 2,
+                &format!("k{i}"),
+                serde_json::json!({"n": i, "d": d}),
+            )
+        })
+        .collect();
+    produce(&p.topics.input, &inputs);
+    let mut ex = p.start("a", &[]);
+    p.wait_committed(total, Duration::from_secs(60), &[&ex]);
+    ex.stop_cleanly();
+    let db = db();
+    let t = &p.table;
+    let bad = [3, 5, 7, 103, 107, 203, 207];
+    let rows = count(&db, &format!("SELECT count(*) FROM \"{t}\""));
+    let distinct = count(&db, &format!("SELECT count(DISTINCT n) FROM \"{t}\""));
+    assert_eq!((rows, distinct), (total - 7, total - 7));
+    let listed = bad.map(|n| n.to_string()).join(",");
+    let written_bad = count(
+        &db,
+        &format!("SELECT count(*) FROM \"{t}\" WHERE n IN ({listed})"),
+    );
+    assert_eq!(written_bad, 0);
+    // Each bad input's copy once, with why.
+    let sql = format!(
+        "SELECT convert_from(value, 'UTF8')::json->>'n', reason, headers->>'exactly.error.broker'
+         FROM \"{t}_dlq\" ORDER BY 1::text"
+    );
+    let dead = db
+        .call(|c| async move { c.query(&sql, &[]).await })
+        .unwrap();
+    let dead: Vec<(Option<String>, Option<String>, Option<String>)> = dead
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let mut ns: Vec<i64> = dead
+        .iter()
+        .map(|d| d.0.as_deref().unwrap().parse().unwrap())
+        .collect();
+    ns.sort();
+    assert_eq!(ns, bad, "{dead:?}");
+    let broker = |n: &str| {
+        dead.iter()
+            .find(|d| d.0.as_deref() == Some(n))
+            .unwrap()
+            .2
+            .clone()
+    };
+    assert_eq!(broker("7").as_deref(), Some("CHECK_VIOLATION"), "{dead:?}");
+    assert_eq!(
+        broker("3").as_deref(),
+        Some("INVALID_TEXT_REPRESENTATION"),
+        "{dead:?}"
+    );
+    assert_eq!(
+        broker("5").as_deref(),
+        Some("NOT_A_JSON_OBJECT"),
+        "{dead:?}"
+    );
+    assert!(dead.iter().all(|d| d.1.is_some()), "{dead:?}");
+}
+
+#[test]
+fn a_paused_instance_whose_partitions_moved_is_fenced_by_the_table_and_writes_nothing() {
+    use nix::sys::signal::Signal;
+
+    let p = Pipeline::new("db-zombie", 2);
+    let total = 4000;
+    let inputs = numbered(total, 2);
+    // A commits rarely, so it holds an open unit when it stops.
+    let mut a = p.start("a", &["--commit-interval", "3s"]);
+    produce(&p.topics.input, &inputs[..1000]);
+    p.wait_committed(1000, Duration::from_secs(60), &[&a]);
+    produce(&p.topics.input, &inputs[1000..1500]);
+    std::thread::sleep(Duration::from_millis(500));
+    a.signal(Signal::SIGSTOP);
+    // B takes both partitions once A's session times out, claiming them.
+    let mut b = p.start("b", &["--commit-interval", "100ms"]);
+    produce(&p.topics.input, &inputs[1500..3000]);
+    p.wait_committed(3000, Duration::from_secs(90), &[&a, &b]);
+    a.signal(Signal::SIGCONT);
+    // A's open unit is stale: its compare-and-set changes no row, so nothing of it commits.
+    std::thread::sleep(Duration::from_secs(3));
+    produce(&p.topics.input, &inputs[3000..]);
+    p.wait_committed(total as i64, Duration::from_secs(90), &[&a, &b]);
+    a.stop_cleanly();
+    b.stop_cleanly();
+    p.assert_exactly_once(total as i64);
+    let fenced = a.events("transaction aborted");
+    assert!(
+        fenced.iter().any(|ev| ev["reason"] == "partition_claimed"),
+        "A's stale unit was never refused: {}",
+        a.log_text()
+    );
 }

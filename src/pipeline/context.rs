@@ -78,6 +78,7 @@ impl ConsumerContext for PipelineContext {
             RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS as ASSIGN,
             RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS as REVOKE,
         };
+        let mut claimed = false;
         if err == ASSIGN {
             let Some(starts) = self.session().claim(consumer, &partitions(tpl)) else {
                 return;
@@ -86,6 +87,7 @@ impl ConsumerContext for PipelineContext {
                 Starts::Group => Vec::new(),
                 Starts::At(starts) => starts,
             };
+            claimed = !starts.is_empty();
             for ((topic, partition), start) in starts {
                 let offset = start.map_or(Offset::Invalid, Offset::Offset);
                 if let Err(e) = tpl.set_partition_offset(&topic, partition, offset) {
@@ -111,6 +113,10 @@ impl ConsumerContext for PipelineContext {
         };
         if let Err(e) = done {
             warn!(error = %e, "the consumer did not take the rebalance");
+        }
+        // A partition paused when another instance claimed it is this one's again.
+        if claimed && let Err(e) = consumer.resume(tpl) {
+            warn!(error = %e, "cannot resume the claimed partitions");
         }
         self.post_rebalance(consumer, &rebalance);
     }
