@@ -34,6 +34,7 @@ struct Pipeline {
     table: String,
     offsets: String,
     jq: String,
+    url: String,
 }
 
 /// The rows' table of most tests: an identity key, so a duplicate is a second row.
@@ -57,6 +58,7 @@ impl Pipeline {
             offsets: format!("{table}_offsets"),
             table,
             jq: jq.to_string(),
+            url: std::env::var("EXACTLY_TEST_POSTGRES_URL").unwrap(),
         }
     }
 
@@ -65,10 +67,9 @@ impl Pipeline {
         // Outputs are rows: no output topic.
         let at = args.iter().position(|a| a == "--output-topic").unwrap();
         args.drain(at..at + 2);
-        let url = std::env::var("EXACTLY_TEST_POSTGRES_URL").unwrap();
         let table = [
             "--db-url",
-            &url,
+            &self.url,
             "--db-table",
             &self.table,
             "--db-mode",
@@ -294,5 +295,65 @@ fn a_paused_instance_whose_partitions_moved_is_fenced_by_the_table_and_writes_no
         fenced.iter().any(|ev| ev["reason"] == "partition_claimed"),
         "A's stale unit was never refused: {}",
         a.log_text()
+    );
+}
+
+#[test]
+fn connections_terminated_or_answers_lost_during_commit_lose_and_double_nothing() {
+    // Every COMMIT takes a moment (a deferred trigger sleeps in it), so the killer below finds
+    // exactly's connection inside one.
+    let mut p = Pipeline::new("db-term", 2);
+    let app = unique("exactly-term");
+    db().batch(&format!(
+        "CREATE FUNCTION \"{t}_slow\"() RETURNS trigger LANGUAGE plpgsql AS
+           $$ BEGIN PERFORM pg_sleep(0.2); RETURN NULL; END $$;
+         CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON \"{t}\"
+           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.n % 500 = 0)
+           EXECUTE FUNCTION \"{t}_slow\"()",
+        t = p.table
+    ))
+    .unwrap();
+    p.url = format!("{}?application_name={app}", p.url);
+    let total = 5000;
+    let inputs = numbered(total, 2);
+    // And every 4th commit's answer is lost after the COMMIT went through.
+    let args = [
+        "--max-records-per-txn",
+        "500",
+        "--test-lose-db-commit-answers",
+        "4",
+    ];
+    let mut ex = p.start("a", &args);
+    let killer = db();
+    let kill = format!(
+        "SELECT count(pg_terminate_backend(pid))::bigint FROM pg_stat_activity
+         WHERE application_name = '{app}' AND state = 'active' AND query = 'COMMIT'"
+    );
+    let mut terminated = 0;
+    for chunk in inputs.chunks(500) {
+        produce(&p.topics.input, chunk);
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until {
+            terminated += count(&killer, &kill);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    p.wait_committed(total as i64, Duration::from_secs(120), &[&ex]);
+    ex.stop_cleanly();
+    p.assert_exactly_once(total as i64);
+    assert!(
+        terminated >= 3,
+        "only {terminated} connections terminated in a COMMIT"
+    );
+    let log = ex.log_text();
+    let lost = log.matches("the connection was lost during COMMIT").count();
+    assert!(lost >= 3, "{lost} terminated COMMITs: {log}");
+    let answers = log.matches("the COMMIT's answer is lost").count();
+    let resolved = ex
+        .events("a commit whose outcome was unknown had committed")
+        .len();
+    assert!(
+        answers >= 2 && resolved >= answers,
+        "{answers} answers lost, {resolved} resolved: {log}"
     );
 }

@@ -198,6 +198,12 @@ pub struct RunArgs {
     #[arg(long, env = "EXACTLY_TEST_CRASH_AFTER_DB_COMMIT", value_name = "N", hide = true, value_parser = clap::value_parser!(u64).range(1..), requires = "db_url")]
     pub test_crash_after_db_commit: Option<u64>,
 
+    /// Testing only: the database sink drops its connection right after every Nth database
+    /// COMMIT succeeded, as if the answer were lost: an unknown outcome the offsets table must
+    /// resolve.
+    #[arg(long, env = "EXACTLY_TEST_LOSE_DB_COMMIT_ANSWERS", value_name = "N", hide = true, value_parser = clap::value_parser!(u64).range(1..), requires = "db_url")]
+    pub test_lose_db_commit_answers: Option<u64>,
+
     /// Testing only: the dedup's restore takes this long per changelog record read, so a
     /// test can stop it midway.
     #[arg(long, env = "EXACTLY_TEST_RESTORE_PACE", value_name = "DURATION", hide = true, value_parser = parse_duration)]
@@ -338,6 +344,8 @@ pub struct TestSwitches {
     pub restore_pace: Option<Duration>,
     /// The database commit after which the process aborts, before the group copy.
     pub crash_after_db_commit: Option<u64>,
+    /// Every Nth database commit's answer is lost (the connection dropped after it).
+    pub lose_db_commit_answers: Option<u64>,
 }
 
 impl Config {
@@ -630,6 +638,7 @@ impl RunArgs {
             crash_before_store: self.test_crash_before_store,
             restore_pace: self.test_restore_pace,
             crash_after_db_commit: self.test_crash_after_db_commit,
+            lose_db_commit_answers: self.test_lose_db_commit_answers,
         }
     }
 }

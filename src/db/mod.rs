@@ -63,9 +63,19 @@ impl From<tokio_postgres::Error> for Failure {
             },
             None => e.to_string(),
         };
+        // A FATAL (or PANIC) error ends the session: the server closes the connection after
+        // it (57P01 from pg_terminate_backend), though the client may not have seen it close.
+        let fatal = (e.as_db_error()).is_some_and(|db| {
+            matches!(
+                db.parsed_severity(),
+                Some(
+                    tokio_postgres::error::Severity::Fatal | tokio_postgres::error::Severity::Panic
+                )
+            )
+        });
         Failure {
             code: e.code().map(|c| c.code().to_string()),
-            closed: e.is_closed(),
+            closed: e.is_closed() || fatal,
             message,
         }
     }

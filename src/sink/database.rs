@@ -24,6 +24,7 @@ use tracing::{info, warn};
 use super::{
     Bounds, Committed, Failed, Group, NotConnected, Record, Rejection, Sink, Starts, Unreadable,
 };
+use crate::config::TestSwitches;
 use crate::config::db::{DbConfig, DbMode};
 use crate::db::offsets::{Advance, Offsets};
 use crate::db::rows::{DeadLetter, DeadLetters, Table, Unwritten};
@@ -62,16 +63,14 @@ pub struct Database {
     claims: Mutex<HashMap<Tp, Claim>>,
     /// Testing only: commits left before the process aborts after one.
     crash_after: Option<u64>,
+    /// Testing only: every how many commits the answer is lost, and commits so far.
+    lose_answers: Option<(u64, u64)>,
 }
 
 impl Database {
-    /// Not connected yet. `output`: the name outputs are addressed to. `crash_after`
-    /// (testing only): the commit after which the process aborts, before the group copy.
-    pub fn new(
-        config: &DbConfig,
-        output: &str,
-        crash_after: Option<u64>,
-    ) -> Result<Database, Error> {
+    /// Not connected yet. `output`: the name outputs are addressed to; `test`: failures on
+    /// purpose.
+    pub fn new(config: &DbConfig, output: &str, test: &TestSwitches) -> Result<Database, Error> {
         let offsets = Offsets::new(&config.offsets_table, &config.group, &config.owner)
             .map_err(|e| Error::Config(format!("--db-offsets-table: {e}")))?;
         let dead = DeadLetters::new(&config.dlq_table)
@@ -88,7 +87,8 @@ impl Database {
             copies: Vec::new(),
             rejections: Vec::new(),
             claims: Mutex::new(HashMap::new()),
-            crash_after,
+            crash_after: test.crash_after_db_commit,
+            lose_answers: test.lose_db_commit_answers.map(|every| (every, 0)),
         })
     }
 
@@ -224,6 +224,15 @@ impl Database {
         Ok(moves)
     }
 
+    /// Testing only: whether this commit's answer is to be lost.
+    fn lose_answer(&mut self) -> bool {
+        let Some((every, commits)) = &mut self.lose_answers else {
+            return false;
+        };
+        *commits += 1;
+        *commits % *every == 0
+    }
+
     /// The open unit's rows, copies and offsets, in one transaction, committed.
     fn write(
         &mut self,
@@ -289,6 +298,11 @@ impl Database {
             }
         }
         match db.batch("COMMIT") {
+            Ok(()) if self.lose_answer() => {
+                warn!("--test-lose-db-commit-answers: the COMMIT's answer is lost");
+                self.db = None;
+                Err(Failed::Abort(AbortReason::CommitOutcomeUnknown))
+            }
             Ok(()) => Ok(()),
             Err(f) if f.closed => {
                 warn!(error = %f, "the connection was lost during COMMIT; the offsets table tells \

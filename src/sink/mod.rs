@@ -160,10 +160,7 @@ pub fn start(
     shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<Driver, Error> {
     let sink: Box<dyn Sink> = match (&config.db, config.guarantee) {
-        (Some(db), _) => {
-            let crash = test.crash_after_db_commit;
-            Box::new(database::Database::new(db, &config.output_topic, crash)?)
-        }
+        (Some(db), _) => Box::new(database::Database::new(db, &config.output_topic, test)?),
         (None, Guarantee::ExactlyOnce) => Box::new(exactly_once::ExactlyOnce::new(kafka, config)),
         (None, Guarantee::AtLeastOnce) => Box::new(at_least_once::AtLeastOnce::new(kafka, config)),
     };
