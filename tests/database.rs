@@ -357,3 +357,89 @@ fn connections_terminated_or_answers_lost_during_commit_lose_and_double_nothing(
         "{answers} answers lost, {resolved} resolved: {log}"
     );
 }
+
+#[test]
+fn a_database_that_goes_away_under_load_stalls_exactly_not_ready_and_nothing_is_lost_or_doubled() {
+    // A database of its own, so its outage is this test's only.
+    let name = unique("db_outage").replace('-', "_");
+    let admin = db();
+    admin.batch(&format!("CREATE DATABASE \"{name}\"")).unwrap();
+    let url = std::env::var("EXACTLY_TEST_POSTGRES_URL").unwrap();
+    let url = format!("{}/{name}", url.rsplit_once('/').unwrap().0);
+    let mut p = Pipeline::new("db-outage", 2);
+    p.url = url.clone();
+    let password = std::env::var("EXACTLY_TEST_STORE_PASSWORD").unwrap();
+    let bounds = Bounds {
+        statement: Duration::from_secs(10),
+        idle_in_transaction: Duration::from_secs(30),
+    };
+    let own = Db::connect(&url, Some(&password), bounds).unwrap();
+    own.batch(&format!("CREATE TABLE \"{}\" ({APPEND_ONLY})", p.table))
+        .unwrap();
+    drop(own);
+    let total = 4000;
+    let inputs = numbered(total, 2);
+    produce(&p.topics.input, &inputs[..1000]);
+    let mut ex = p.start("a", &["--db-statement-timeout", "2s"]);
+    let addr = http_addr(&ex);
+    let committed = |db: &Db| {
+        let sql = format!(
+            "SELECT coalesce(sum(next_offset), 0)::bigint FROM \"{}\"",
+            p.offsets
+        );
+        db.call(|c| async move { c.query_one(&sql, &[]).await })
+            .map_or(0, |r| r.get(0))
+    };
+    let wait = |n: i64| {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let db = Db::connect(&url, Some(&password), bounds);
+            if db.is_ok_and(|db| committed(&db) >= n) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{}", ex.log_text());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    wait(1000);
+    // The outage: no connections, the open ones ended, while records keep coming.
+    admin
+        .batch(&format!(
+            "ALTER DATABASE \"{name}\" WITH ALLOW_CONNECTIONS false;
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
+        ))
+        .unwrap();
+    produce(&p.topics.input, &inputs[1000..3000]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get(&addr, "/readyz").map(|(s, _)| s) != Some(503) {
+        assert!(
+            Instant::now() < deadline,
+            "/readyz never 503 while the database was down"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(5));
+    // Alive all along: waiting out an outage is not a stuck loop.
+    assert_eq!(get(&addr, "/livez").map(|(s, _)| s), Some(200));
+    admin
+        .batch(&format!(
+            "ALTER DATABASE \"{name}\" WITH ALLOW_CONNECTIONS true"
+        ))
+        .unwrap();
+    produce(&p.topics.input, &inputs[3000..]);
+    wait(total as i64);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get(&addr, "/readyz").map(|(s, _)| s) != Some(200) {
+        assert!(
+            Instant::now() < deadline,
+            "/readyz not 200 again after the outage"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ex.stop_cleanly();
+    let own = Db::connect(&url, Some(&password), bounds).unwrap();
+    let t = &p.table;
+    let rows = count(&own, &format!("SELECT count(*) FROM \"{t}\""));
+    let distinct = count(&own, &format!("SELECT count(DISTINCT n) FROM \"{t}\""));
+    assert_eq!((rows, distinct), (total as i64, total as i64));
+}

@@ -95,10 +95,15 @@ impl Driver {
         self.reconnect(reason)
     }
 
-    /// Connects a new client until it works, backing off while failures repeat.
+    /// Connects a new client until it works, backing off while failures repeat. Not ready
+    /// while it fails (the destination is down: `ExactlyNotReady` fires), and alive: waiting
+    /// out an outage is no stuck loop, and a restart would not end it.
     fn reconnect(&mut self, reason: AbortReason) -> Result<(), Error> {
         let mut attempt = 0u32;
+        let health = self.bounds.health.clone();
+        let was_ready = health.is_ready();
         loop {
+            health.beat();
             if self.shutdown.is_cancelled() {
                 // Nothing is open any more; the coordinator aborts what the old producer left,
                 // or the next start fences it. Waiting for the broker would outlast the grace.
@@ -110,19 +115,23 @@ impl Driver {
             }
             let pause = Backoff::PRODUCER.after(self.failures.saturating_add(attempt));
             if !pause.is_zero() {
-                info!(backoff = ?pause, reason = reason.as_str(), "waiting before recreating the producer");
+                info!(backoff = ?pause, reason = reason.as_str(), "waiting before reconnecting the sink");
                 std::thread::sleep(pause);
             }
             match self.sink.connect(&self.bounds) {
                 Ok(()) => {
                     ProducerRecreated { reason }.emit(&self.metrics);
+                    if was_ready && !self.shutdown.is_cancelled() {
+                        health.set_ready(true);
+                    }
                     return Ok(());
                 }
                 Err(NotConnected::Exit(e)) => return Err(e),
                 // The cluster took these settings before: a refusal now (credentials
                 // rotated, a certificate renewed on one broker) may pass; keep backing off.
                 Err(NotConnected::Retry(why) | NotConnected::Refused(why)) => {
-                    error!(error = %why, reason = reason.as_str(), "could not recreate the producer; retrying");
+                    error!(error = %why, reason = reason.as_str(), "could not reconnect the sink (a new producer, or a database connection); retrying");
+                    health.set_ready(false);
                     attempt = attempt.saturating_add(1);
                 }
             }
