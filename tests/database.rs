@@ -227,7 +227,9 @@ fn rows_the_database_refuses_and_values_that_are_no_rows_go_to_the_dead_letter_t
     assert_eq!(written_bad, 0);
     // Each bad input's copy once, with why.
     let sql = format!(
-        "SELECT convert_from(value, 'UTF8')::json->>'n', reason, headers->>'exactly.error.broker'
+        "SELECT convert_from(value, 'UTF8')::json->>'n', reason,
+           (SELECT h->>1 FROM jsonb_array_elements(headers) h
+            WHERE h->>0 = 'exactly.error.broker')
          FROM \"{t}_dlq\" ORDER BY 1::text"
     );
     let dead = db

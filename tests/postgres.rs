@@ -224,9 +224,12 @@ fn rows_are_upserted_by_key_last_wins_and_a_bad_row_is_named_while_the_rest_is_w
     // Two rows of one key in a batch: the last wins (one statement cannot update a row twice).
     db.batch("BEGIN").unwrap();
     let batch = [
-        (0, json!({"id": 2, "name": "b", "n": 2})),
-        (1, json!({"id": 1, "name": "a", "n": 1})),
-        (2, json!({"id": "1", "name": "a2", "n": 3, "extra": true})),
+        (0, json!({"id": 2, "name": "b", "n": 2}).to_string()),
+        (1, json!({"id": 1, "name": "a", "n": 1}).to_string()),
+        (
+            2,
+            json!({"id": "1", "name": "a2", "n": 3, "extra": true}).to_string(),
+        ),
     ];
     t.upsert(&db, &batch).unwrap();
     db.batch("COMMIT").unwrap();
@@ -237,12 +240,12 @@ fn rows_are_upserted_by_key_last_wins_and_a_bad_row_is_named_while_the_rest_is_w
     // Rows the server refuses for what they hold are named; the others are written.
     db.batch("BEGIN").unwrap();
     let batch = [
-        (0, json!({"id": 2, "n": 20})),
-        (1, json!({"id": 4, "n": "x"})),
-        (2, json!({"id": 5})),
-        (3, json!({"id": 6, "n": 6})),
-        (4, json!({"id": 7, "n": 700})),
-        (5, json!([1, 2])),
+        (0, json!({"id": 2, "n": 20}).to_string()),
+        (1, json!({"id": 4, "n": "x"}).to_string()),
+        (2, json!({"id": 5}).to_string()),
+        (3, json!({"id": 6, "n": 6}).to_string()),
+        (4, json!({"id": 7, "n": 700}).to_string()),
+        (5, json!([1, 2]).to_string()),
     ];
     match t.upsert(&db, &batch) {
         Err(Unwritten::Rows(refused)) => {
@@ -268,7 +271,8 @@ fn rows_are_upserted_by_key_last_wins_and_a_bad_row_is_named_while_the_rest_is_w
     );
     // Rolled back, nothing.
     db.batch("BEGIN").unwrap();
-    t.upsert(&db, &[(0, json!({"id": 9, "n": 9}))]).unwrap();
+    t.upsert(&db, &[(0, json!({"id": 9, "n": 9}).to_string())])
+        .unwrap();
     db.batch("ROLLBACK").unwrap();
     assert_eq!(rows_of(&db, &table).len(), 3);
     db.batch(&format!("DROP TABLE \"{table}\"; DROP TABLE \"{keyless}\""))

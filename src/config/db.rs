@@ -20,7 +20,8 @@ pub struct DbArgs {
         long,
         env = "EXACTLY_DB_URL",
         value_name = "URL",
-        requires = "db_table"
+        requires = "db_table",
+        conflicts_with_all = ["envelope", "transactional_id"]
     )]
     pub db_url: Option<String>,
 

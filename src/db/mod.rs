@@ -38,12 +38,13 @@ impl Failure {
         }
     }
 
-    /// Whether the server refused the statement for the data in it (classes 22, data, and
-    /// 23, integrity constraints): the row is at fault, not the database.
+    /// Whether the server refused the statement for the data in it (classes 22, data, 23,
+    /// integrity constraints, and 54, a limit such as an index row too large): the row is at
+    /// fault, not the database.
     pub fn is_data(&self) -> bool {
         self.code
             .as_deref()
-            .is_some_and(|c| c.starts_with("22") || c.starts_with("23"))
+            .is_some_and(|c| c.starts_with("22") || c.starts_with("23") || c.starts_with("54"))
     }
 
     /// Whether trying the transaction again may succeed (class 40: serialization failures
@@ -96,7 +97,8 @@ pub struct Bounds {
 
 /// One connection to PostgreSQL.
 pub struct Db {
-    runtime: tokio::runtime::Runtime,
+    /// Always `Some` but in `drop`, which shuts it down without waiting.
+    runtime: Option<tokio::runtime::Runtime>,
     client: Client,
     bounds: Bounds,
     /// A call ran past its bound: the connection is not used again.
@@ -155,7 +157,7 @@ impl Db {
             }
         });
         Ok(Db {
-            runtime,
+            runtime: Some(runtime),
             client,
             bounds,
             poisoned: std::sync::atomic::AtomicBool::new(false),
@@ -179,7 +181,10 @@ impl Db {
         }
         let wait = self.bounds.statement + CLIENT_MARGIN;
         let work = work(&self.client);
-        match (self.runtime).block_on(async { tokio::time::timeout(wait, work).await }) {
+        let Some(runtime) = &self.runtime else {
+            return Err(Failure::client("the connection is closing".into()));
+        };
+        match runtime.block_on(async { tokio::time::timeout(wait, work).await }) {
             Ok(done) => done.map_err(|e| {
                 let mut failure = Failure::from(e);
                 // A FATAL error (57P01 from pg_terminate_backend, 25P03) ends the connection.
@@ -189,7 +194,7 @@ impl Db {
             Err(_) => {
                 self.poisoned.store(true, Ordering::SeqCst);
                 let cancel = self.client.cancel_token();
-                let cancelled = (self.runtime).block_on(async {
+                let cancelled = runtime.block_on(async {
                     tokio::time::timeout(wait, cancel.cancel_query(NoTls)).await
                 });
                 let how = match cancelled {
@@ -204,9 +209,34 @@ impl Db {
         }
     }
 
+    /// Whether calls can go through this connection: it is open, and no call ran past its
+    /// bound on it.
+    pub fn usable(&self) -> bool {
+        !self.poisoned.load(std::sync::atomic::Ordering::SeqCst) && !self.client.is_closed()
+    }
+
     /// Runs `sql` (statements without parameters, `BEGIN`, `COMMIT`), bounded.
     pub fn batch(&self, sql: &str) -> Result<(), Failure> {
         self.call(|c| c.batch_execute(sql))
+    }
+}
+
+/// Whether the relation `quoted` (a quoted identifier) exists.
+fn exists(db: &Db, quoted: &str) -> Result<bool, Failure> {
+    let row = db.call(|c| async move {
+        c.query_one("SELECT to_regclass($1) IS NOT NULL", &[&quoted])
+            .await
+    })?;
+    Ok(row.try_get(0)?)
+}
+
+impl Drop for Db {
+    /// The runtime goes without waiting for its tasks (a DNS lookup in a blocking thread
+    /// would hold a plain drop without bound); the connection's task ends with it.
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
     }
 }
 

@@ -59,9 +59,15 @@ impl Offsets {
         })
     }
 
-    /// Creates the table and its epochs' sequence if they are missing.
+    /// Creates the table and its epochs' sequence if they are missing (only then: a role
+    /// that may not create tables can use ones made for it).
     pub fn create(&self, db: &Db) -> Result<(), Failure> {
-        db.batch(&format!("CREATE SEQUENCE IF NOT EXISTS {}", self.epochs))?;
+        if !super::exists(db, &self.epochs)? {
+            db.batch(&format!("CREATE SEQUENCE IF NOT EXISTS {}", self.epochs))?;
+        }
+        if super::exists(db, &self.table)? {
+            return Ok(());
+        }
         db.batch(&format!(
             "CREATE TABLE IF NOT EXISTS {} (
                group_id text NOT NULL,

@@ -93,9 +93,11 @@ impl Table {
         &self.columns
     }
 
-    /// Writes `rows` (JSON objects: field → column; a field missing is NULL) in the open
-    /// transaction, each with its index in the batch: a row replaces the one of its key.
-    pub fn upsert(&self, db: &Db, rows: &[(usize, serde_json::Value)]) -> Result<(), Unwritten> {
+    /// Writes `rows` (each a JSON object's text: field → column, typed by the server from the
+    /// text as written, so no number loses a digit; a field missing is NULL, one without a
+    /// column ignored) in the open transaction, each with its index in the batch: a row
+    /// replaces the one of its key.
+    pub fn upsert(&self, db: &Db, rows: &[(usize, String)]) -> Result<(), Unwritten> {
         self.upsertable()
             .map_err(|e| Unwritten::Batch(Failure::client(e)))?;
         self.write_all(db, rows, Write::Upsert)
@@ -103,20 +105,15 @@ impl Table {
 
     /// [`Table::upsert`], but a row whose key is taken (in the table or earlier in the
     /// batch) is refused (`23505`), as the row's fault.
-    pub fn insert(&self, db: &Db, rows: &[(usize, serde_json::Value)]) -> Result<(), Unwritten> {
+    pub fn insert(&self, db: &Db, rows: &[(usize, String)]) -> Result<(), Unwritten> {
         self.write_all(db, rows, Write::Insert)
     }
 
-    fn write_all(
-        &self,
-        db: &Db,
-        rows: &[(usize, serde_json::Value)],
-        how: Write,
-    ) -> Result<(), Unwritten> {
+    fn write_all(&self, db: &Db, rows: &[(usize, String)], how: Write) -> Result<(), Unwritten> {
         if rows.is_empty() {
             return Ok(());
         }
-        let all: Vec<&(usize, serde_json::Value)> = rows.iter().collect();
+        let all: Vec<&(usize, String)> = rows.iter().collect();
         db.batch("SAVEPOINT exactly_rows")
             .map_err(Unwritten::Batch)?;
         match self.write(db, &all, how) {
@@ -150,13 +147,16 @@ impl Table {
         Err(Unwritten::Rows(refused))
     }
 
-    fn write(
-        &self,
-        db: &Db,
-        rows: &[&(usize, serde_json::Value)],
-        how: Write,
-    ) -> Result<(), Failure> {
-        let json = serde_json::Value::Array(rows.iter().map(|r| r.1.clone()).collect()).to_string();
+    fn write(&self, db: &Db, rows: &[&(usize, String)], how: Write) -> Result<(), Failure> {
+        let mut json = String::with_capacity(rows.iter().map(|r| r.1.len() + 1).sum::<usize>() + 2);
+        json.push('[');
+        for (i, (_, row)) in rows.iter().copied().enumerate() {
+            if i > 0 {
+                json.push(',');
+            }
+            json.push_str(row);
+        }
+        json.push(']');
         let quote = |c: &String| format!("\"{}\"", c.replace('"', "\"\""));
         let columns: Vec<String> = self.columns.iter().map(quote).collect();
         let key: Vec<String> = self.key.iter().map(quote).collect();
@@ -223,7 +223,7 @@ pub struct DeadLetter {
     pub key: Option<Vec<u8>>,
     /// Value bytes.
     pub value: Option<Vec<u8>>,
-    /// Every header, name → value (as text, invalid UTF-8 replaced), a JSON object.
+    /// The headers, a JSON array of `[name, value]` text pairs in order.
     pub headers: String,
 }
 
@@ -235,8 +235,12 @@ impl DeadLetters {
         })
     }
 
-    /// Creates the table if it is missing.
+    /// Creates the table if it is missing (only then: a role that may not create tables can
+    /// use one made for it).
     pub fn create(&self, db: &Db) -> Result<(), Failure> {
+        if super::exists(db, &self.name)? {
+            return Ok(());
+        }
         db.batch(&format!(
             "CREATE TABLE IF NOT EXISTS {} (
                id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

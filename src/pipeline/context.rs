@@ -16,6 +16,7 @@ use rdkafka::types::RDKafkaRespErr;
 use tracing::warn;
 
 use super::session::Session;
+use crate::error::Error;
 use crate::events::{Assignment, Rebalance as Event, Rebalanced};
 use crate::kafka::{describe, partitions};
 use crate::lag::Positions;
@@ -91,7 +92,11 @@ impl ConsumerContext for PipelineContext {
             for ((topic, partition), start) in starts {
                 let offset = start.map_or(Offset::Invalid, Offset::Offset);
                 if let Err(e) = tpl.set_partition_offset(&topic, partition, offset) {
-                    warn!(error = %e, topic, partition, "cannot set where a claimed partition starts");
+                    // Started anywhere else, it would repeat or skip records: nothing is
+                    // assigned, and the loop stops.
+                    let why = format!("setting where claimed {topic}[{partition}] starts: {e}");
+                    self.session().fail_later(Error::Store(why));
+                    return;
                 }
             }
         }

@@ -24,7 +24,7 @@ use crate::health::Health;
 use crate::kafka::Tp;
 use crate::metrics::Metrics;
 use crate::sink::{
-    Bounds, Driver, Failed, Group, NotConnected, Record, Rejection, SeekFailed, Sink,
+    Bounds, Driver, Failed, Group, NotConnected, Record, Rejection, SeekFailed, Sink, Starts,
 };
 use crate::transform::call::{Answer, Answering, Application, CallError, Called, InFlight};
 use crate::transform::{self, InputRecord, Limits, OwnedRecord};
@@ -333,6 +333,10 @@ impl Sink for FakeSink {
         b.open_denied = None;
         b.calls.push(Call::Abort);
         Ok(())
+    }
+
+    fn claim(&mut self, _: &[Tp], _: &dyn Group, _: &Bounds) -> Result<Starts, Failed> {
+        Ok(Starts::Group)
     }
 
     fn exists(&self, _: &str, _: Duration) -> Result<bool, String> {

@@ -202,6 +202,11 @@ impl Session {
             .ok()
     }
 
+    /// An error met in a rebalance callback, for the loop to stop with.
+    pub fn fail_later(&mut self, e: Error) {
+        self.writer.driver.fail_later(e);
+    }
+
     /// Partitions are assigned (inside `poll`).
     pub fn assigned(&mut self, partitions: Vec<Tp>) {
         self.changes.push(Change::Assigned(partitions));

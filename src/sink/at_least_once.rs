@@ -7,7 +7,7 @@ use std::time::Duration;
 use tracing::warn;
 
 use super::producer::{Connection, TrackedProducer};
-use super::{Bounds, Failed, Group, NotConnected, Record, Rejection, Sink};
+use super::{Bounds, Failed, Group, NotConnected, Record, Rejection, Sink, Starts};
 use crate::config::SinkConfig;
 use crate::events::{AbortReason, Ended};
 use crate::kafka::{Role, Settings, Tp};
@@ -102,6 +102,10 @@ impl Sink for AtLeastOnce {
     /// Nothing to abort: what was sent stays, and comes again after the rewind.
     fn abort(&mut self, _reason: AbortReason, _bounds: &Bounds) -> Result<(), Failed> {
         Ok(())
+    }
+
+    fn claim(&mut self, _: &[Tp], _: &dyn Group, _: &Bounds) -> Result<Starts, Failed> {
+        Ok(Starts::Group)
     }
 
     fn exists(&self, name: &str, timeout: Duration) -> Result<bool, String> {

@@ -55,12 +55,14 @@ pub struct Database {
     table: Option<Table>,
     /// The open unit: rows (with their send's index), dead-letter copies, and the sends
     /// refused before any reached the database.
-    rows: Vec<(usize, serde_json::Value)>,
+    rows: Vec<(usize, String)>,
     copies: Vec<DeadLetter>,
     rejections: Vec<Rejection>,
     /// The partitions claimed, by the offsets table's answer. Behind a lock because reading
     /// the committed offsets (`&self`) refreshes them.
     claims: Mutex<HashMap<Tp, Claim>>,
+    /// Deferred constraints are checked at each statement (a COMMIT was refused for them).
+    immediate: bool,
     /// Testing only: commits left before the process aborts after one.
     crash_after: Option<u64>,
     /// Testing only: every how many commits the answer is lost, and commits so far.
@@ -87,6 +89,7 @@ impl Database {
             copies: Vec::new(),
             rejections: Vec::new(),
             claims: Mutex::new(HashMap::new()),
+            immediate: false,
             crash_after: test.crash_after_db_commit,
             lose_answers: test.lose_db_commit_answers.map(|every| (every, 0)),
         })
@@ -97,12 +100,13 @@ impl Database {
     }
 
     /// A connection, checked: the tables there, the rows' table as the catalog has it.
-    fn open(&self, bounds: &Bounds) -> Result<(Db, Table), NotConnected> {
+    fn open(&self) -> Result<(Db, Table), NotConnected> {
         let c = &self.config;
         let limits = db::Bounds {
             statement: c.statement_timeout,
-            // A zombie's open transaction ends on the server within the transaction timeout.
-            idle_in_transaction: bounds.timeout().max(c.statement_timeout),
+            // A commit's statements run back to back: an open transaction idle for longer
+            // is a zombie's (a paused process), whose locks a new owner's claim waits for.
+            idle_in_transaction: c.statement_timeout,
         };
         let password = c.password.as_deref();
         let db = Db::connect(&c.url, password, limits).map_err(|f| match f.code.as_deref() {
@@ -148,11 +152,12 @@ impl Database {
     }
 
     /// Connects again if the connection was lost.
-    fn ensure(&mut self, bounds: &Bounds) -> Result<(), Failed> {
-        if self.db.is_some() {
+    fn ensure(&mut self) -> Result<(), Failed> {
+        if self.db.as_ref().is_some_and(Db::usable) {
             return Ok(());
         }
-        match self.open(bounds) {
+        self.db = None;
+        match self.open() {
             Ok((db, table)) => {
                 self.db = Some(db);
                 self.table = Some(table);
@@ -234,18 +239,21 @@ impl Database {
     }
 
     /// The open unit's rows, copies and offsets, in one transaction, committed.
-    fn write(
-        &mut self,
-        moves: &BTreeMap<String, Vec<Advance>>,
-        bounds: &Bounds,
-    ) -> Result<(), Failed> {
+    fn write(&mut self, moves: &BTreeMap<String, Vec<Advance>>) -> Result<(), Failed> {
         let (rows, copies) = (
             std::mem::take(&mut self.rows),
             std::mem::take(&mut self.copies),
         );
-        self.ensure(bounds)?;
+        self.ensure()?;
         let db = self.connected()?;
-        if let Err(f) = db.batch("BEGIN") {
+        // After a COMMIT refused for its data (a deferred constraint), constraints are
+        // checked at each statement, so the row-by-row retry finds the row.
+        let begin = if self.immediate {
+            "BEGIN; SET CONSTRAINTS ALL IMMEDIATE"
+        } else {
+            "BEGIN"
+        };
+        if let Err(f) = db.batch(begin) {
             return Err(self.failed(f, "beginning"));
         }
         let table = self
@@ -281,17 +289,17 @@ impl Database {
             match self.offsets.advance(db, topic, moves) {
                 Ok(fenced) if fenced.is_empty() => {}
                 Ok(fenced) => {
+                    // Whose they are now the rewind's read of the table tells: a row of
+                    // another epoch is another owner's (the claim goes, the partition is
+                    // paused when its records come again), a row of ours moved under a
+                    // commit whose answer came late (the claim takes its offset).
                     self.rollback();
                     warn!(
                         topic,
                         ?fenced,
-                        "another instance claimed these partitions; rolled back, \
-                                           and they are dropped until assigned again"
+                        "the offsets table did not move for these partitions \
+                                           (another instance claimed them?); rolled back"
                     );
-                    let mut claims = self.claims();
-                    for p in fenced {
-                        claims.remove(&(topic.clone(), p));
-                    }
                     return Err(Failed::Abort(AbortReason::PartitionClaimed));
                 }
                 Err(f) => return Err(self.failed(f, "moving offsets")),
@@ -310,15 +318,21 @@ impl Database {
                 self.db = None;
                 Err(Failed::Abort(AbortReason::CommitOutcomeUnknown))
             }
+            Err(f) if f.is_data() && !self.immediate => {
+                warn!(error = %f, "the COMMIT was refused for its data (a deferred constraint); \
+                                   checking constraints at each statement from now on");
+                self.immediate = true;
+                Err(Failed::Abort(AbortReason::DatabaseFailed))
+            }
             Err(f) => Err(self.failed(f, "committing")),
         }
     }
 }
 
 impl Sink for Database {
-    fn connect(&mut self, bounds: &Bounds) -> Result<(), NotConnected> {
+    fn connect(&mut self, _bounds: &Bounds) -> Result<(), NotConnected> {
         self.db = None;
-        let (db, table) = self.open(bounds)?;
+        let (db, table) = self.open()?;
         info!(table = %self.config.table, offsets = %self.config.offsets_table, "connected to the database");
         self.db = Some(db);
         self.table = Some(table);
@@ -347,8 +361,10 @@ impl Sink for Database {
                 error: "NOT_THE_TABLE",
             });
         }
-        let value = out.value.as_deref().map(serde_json::from_slice);
-        let Some(Ok(serde_json::Value::Object(mut row))) = value else {
+        // Raw values: a number goes to the server as written, every digit of it.
+        type Row = std::collections::BTreeMap<String, Box<serde_json::value::RawValue>>;
+        let value = out.value.as_deref().map(serde_json::from_slice::<Row>);
+        let Some(Ok(mut row)) = value else {
             self.rejections.push(Rejection {
                 index,
                 error: "NOT_A_JSON_OBJECT",
@@ -359,9 +375,19 @@ impl Sink for Database {
         };
         if let Some(column) = &self.config.lineage_column {
             let lineage = header(out, LINEAGE).map_or(serde_json::Value::Null, Into::into);
-            row.insert(column.clone(), lineage);
+            if let Ok(raw) = serde_json::value::to_raw_value(&lineage) {
+                row.insert(column.clone(), raw);
+            }
         }
-        self.rows.push((index, serde_json::Value::Object(row)));
+        match serde_json::to_string(&row) {
+            Ok(text) => self.rows.push((index, text)),
+            Err(_) => self.rejections.push(Rejection {
+                index,
+                error: "NOT_A_JSON_OBJECT",
+                named: true,
+                alone: true,
+            }),
+        }
         Ok(())
     }
 
@@ -397,22 +423,9 @@ impl Sink for Database {
         };
         let written = {
             let _g = bounds.health.in_call("database commit");
-            self.write(&moves, bounds)
+            self.write(&moves)
         };
-        if let Err(e) = written {
-            if matches!(e, Failed::Abort(AbortReason::PartitionClaimed)) {
-                let lost: Vec<Tp> = {
-                    let claims = self.claims();
-                    offsets
-                        .iter()
-                        .map(|(tp, _)| tp.clone())
-                        .filter(|tp| !claims.contains_key(tp))
-                        .collect()
-                };
-                let _ = group.pause(&lost);
-            }
-            return Err(e);
-        }
+        written?;
         {
             let mut claims = self.claims();
             for (tp, to) in offsets {
@@ -435,12 +448,12 @@ impl Sink for Database {
         Ok(())
     }
 
-    fn abort(&mut self, _reason: AbortReason, bounds: &Bounds) -> Result<(), Failed> {
+    fn abort(&mut self, _reason: AbortReason, _bounds: &Bounds) -> Result<(), Failed> {
         // Nothing is open in the database between commits; a lost connection is replaced
         // here, so the rewind can read the offsets.
         self.rows.clear();
         self.copies.clear();
-        self.ensure(bounds)
+        self.ensure()
     }
 
     fn committed(
@@ -494,7 +507,7 @@ impl Sink for Database {
         }
         let mut starts = Vec::new();
         for (topic, ps) in by_topic {
-            self.ensure(bounds)?;
+            self.ensure()?;
             let db = self.connected()?;
             let there = match self.offsets.read(db, &topic, &ps) {
                 Ok(rows) => rows,
@@ -516,7 +529,7 @@ impl Sink for Database {
             };
             let seed = |p: i32| seeds.iter().find(|(tp, _)| tp.1 == p).and_then(|s| s.1);
             let wanted: Vec<(i32, Option<i64>)> = ps.iter().map(|p| (*p, seed(*p))).collect();
-            self.ensure(bounds)?;
+            self.ensure()?;
             let db = self.connected()?;
             let claimed = match self.offsets.claim(db, &topic, &wanted) {
                 Ok(c) => c,
@@ -544,30 +557,33 @@ impl Sink for Database {
     }
 }
 
-/// A header's value as text.
+/// The last value of header `name` as text (exactly's own come after the input's).
 fn header(out: &Outgoing<'_>, name: &str) -> Option<String> {
     (out.headers.iter())
-        .find(|h| h.key == name)
+        .filter(|h| h.key == name)
+        .last()
         .and_then(|h| h.value)
-        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .map(text)
 }
 
-/// The dead-letter copy of `out`.
+/// Bytes as text PostgreSQL takes: invalid UTF-8 and NUL (which no text or jsonb holds)
+/// replaced by U+FFFD.
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).replace('\0', "\u{FFFD}")
+}
+
+/// The dead-letter copy of `out`: key and value as they are, the headers in order as
+/// `[name, value]` pairs of text.
 fn dead_letter(out: &Outgoing<'_>) -> DeadLetter {
-    let headers: serde_json::Map<String, serde_json::Value> = (out.headers.iter())
-        .map(|h| {
-            let value = h.value.map_or(serde_json::Value::Null, |v| {
-                String::from_utf8_lossy(v).into_owned().into()
-            });
-            (h.key.to_string(), value)
-        })
+    let headers: Vec<serde_json::Value> = (out.headers.iter())
+        .map(|h| serde_json::json!([text(h.key.as_bytes()), h.value.map(text)]))
         .collect();
     DeadLetter {
         reason: header(out, ERROR_REASON),
         lineage: header(out, LINEAGE),
         key: out.key.as_deref().map(<[u8]>::to_vec),
         value: out.value.as_deref().map(<[u8]>::to_vec),
-        headers: serde_json::Value::Object(headers).to_string(),
+        headers: serde_json::Value::Array(headers).to_string(),
     }
 }
 
@@ -590,6 +606,123 @@ fn sqlstate_name(code: Option<&str>) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dead_letter_headers_keep_their_order_and_lose_only_what_no_text_holds() {
+        use rdkafka::message::{Header, OwnedHeaders};
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: ERROR_REASON,
+                value: Some("upstream".as_bytes()),
+            })
+            .insert(Header {
+                key: "nul",
+                value: Some(b"a\0b\xff".as_slice()),
+            })
+            .insert(Header {
+                key: "none",
+                value: None::<&[u8]>,
+            })
+            .insert(Header {
+                key: ERROR_REASON,
+                value: Some("transform_error".as_bytes()),
+            });
+        let out = Outgoing {
+            topic: None,
+            partition: None,
+            key: None,
+            value: Some(std::borrow::Cow::Borrowed(b"v")),
+            headers,
+        };
+        let d = dead_letter(&out);
+        assert_eq!(d.reason.as_deref(), Some("transform_error"));
+        let parsed: serde_json::Value = serde_json::from_str(&d.headers).unwrap();
+        assert_eq!(parsed[1], serde_json::json!(["nul", "a\u{FFFD}b\u{FFFD}"]));
+        assert_eq!(parsed[2], serde_json::json!(["none", null]));
+        assert!(!d.headers.contains("\\u0000"), "{}", d.headers);
+    }
+
+    fn sink(lineage: Option<&str>) -> Database {
+        let config = DbConfig {
+            url: "postgres://x@127.0.0.1:1/db".into(),
+            password: None,
+            table: "rows".into(),
+            mode: DbMode::Upsert,
+            offsets_table: "exactly_offsets".into(),
+            dlq_table: "rows_dlq".into(),
+            lineage_column: lineage.map(str::to_string),
+            statement_timeout: Duration::from_secs(1),
+            group: "g".into(),
+            owner: "a".into(),
+            dlq_topic: "rows.dlq".into(),
+        };
+        let test = TestSwitches {
+            aborts: None,
+            fail_sends: 0,
+            unavailable: 0,
+            crash_before_store: None,
+            restore_pace: None,
+            crash_after_db_commit: None,
+            lose_db_commit_answers: None,
+        };
+        Database::new(&config, "rows", &test).unwrap()
+    }
+
+    #[test]
+    fn a_row_keeps_every_digit_of_its_numbers_and_takes_its_lineage() {
+        use rdkafka::message::{Header, OwnedHeaders};
+        let mut db = sink(Some("lineage"));
+        let bounds = Bounds::new(Default::default(), Duration::from_secs(1));
+        let value = br#"{"id": 123456789012345678901234567890, "amount": 1.10, "lineage": "x"}"#;
+        let mut out = Outgoing {
+            topic: None,
+            partition: None,
+            key: None,
+            value: Some(std::borrow::Cow::Borrowed(value.as_slice())),
+            headers: OwnedHeaders::new().insert(Header {
+                key: LINEAGE,
+                value: Some("in/0/7/0".as_bytes()),
+            }),
+        };
+        let record = |out: &mut Outgoing<'static>, bounds: &Bounds, db: &mut Database| {
+            let r = Record {
+                topic: "rows",
+                out,
+                timestamp: None,
+                index: 3,
+            };
+            db.send(r, bounds)
+        };
+        record(&mut out, &bounds, &mut db).unwrap();
+        let (index, row) = &db.rows[0];
+        assert_eq!(*index, 3);
+        assert!(
+            row.contains("123456789012345678901234567890") && row.contains("1.10"),
+            "{row}"
+        );
+        let parsed: serde_json::Value = serde_json::from_str(row).unwrap();
+        assert_eq!(parsed["lineage"], "in/0/7/0");
+        // Not an object: refused, judged alone.
+        out.value = Some(std::borrow::Cow::Borrowed(b"[1]".as_slice()));
+        record(&mut out, &bounds, &mut db).unwrap();
+        assert_eq!(db.rows.len(), 1);
+        let refused = db.take_rejections(Duration::ZERO);
+        assert_eq!(
+            (refused[0].index, refused[0].error, refused[0].alone),
+            (3, "NOT_A_JSON_OBJECT", true)
+        );
+        // Anything addressed elsewhere is no row of this table.
+        let elsewhere = Record {
+            topic: "other",
+            out: &mut out,
+            timestamp: None,
+            index: 4,
+        };
+        assert!(matches!(
+            db.send(elsewhere, &bounds),
+            Err(Failed::Unroutable { .. })
+        ));
+    }
 
     #[test]
     fn refusals_are_named_by_their_sqlstate() {

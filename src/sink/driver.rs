@@ -419,6 +419,8 @@ impl Driver {
         let deadline = Instant::now() + self.bounds.timeout();
         let mut attempts = 0;
         loop {
+            // Retrying on purpose is no stuck loop.
+            self.bounds.health.beat();
             let why = match self.sink.claim(partitions, group, &self.bounds) {
                 Ok(starts) => return Ok(starts),
                 Err(Failed::Exit(e)) => return Err(e),

@@ -8,7 +8,7 @@ use rdkafka::producer::Producer;
 use tracing::warn;
 
 use super::producer::{Connection, TrackedProducer};
-use super::{Bounds, Failed, Group, NotConnected, Record, Rejection, Sink};
+use super::{Bounds, Failed, Group, NotConnected, Record, Rejection, Sink, Starts};
 use crate::config::SinkConfig;
 use crate::error::{Action, Facts, KafkaCall, classify};
 use crate::events::AbortReason;
@@ -217,6 +217,10 @@ impl Sink for ExactlyOnce {
                 Err(Failed::Recreate(reason))
             }
         }
+    }
+
+    fn claim(&mut self, _: &[Tp], _: &dyn Group, _: &Bounds) -> Result<Starts, Failed> {
+        Ok(Starts::Group)
     }
 
     fn exists(&self, name: &str, timeout: Duration) -> Result<bool, String> {

@@ -128,6 +128,15 @@ impl Sink for Faults {
         self.inner.committed(group, partitions, timeout)
     }
 
+    fn claim(
+        &mut self,
+        partitions: &[Tp],
+        group: &dyn Group,
+        bounds: &Bounds,
+    ) -> Result<super::Starts, Failed> {
+        self.inner.claim(partitions, group, bounds)
+    }
+
     fn exists(&self, name: &str, timeout: Duration) -> Result<bool, String> {
         self.inner.exists(name, timeout)
     }

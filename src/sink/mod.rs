@@ -131,15 +131,14 @@ pub trait Sink: Send {
         })
     }
     /// Partitions were assigned: a sink that keeps the offsets with its outputs claims them
-    /// (fencing their previous owner) and says where each starts.
+    /// (fencing their previous owner) and says where each starts; the Kafka sinks answer
+    /// [`Starts::Group`]. No default: a sink in front of another must pass it on.
     fn claim(
         &mut self,
-        _partitions: &[Tp],
-        _group: &dyn Group,
-        _bounds: &Bounds,
-    ) -> Result<Starts, Failed> {
-        Ok(Starts::Group)
-    }
+        partitions: &[Tp],
+        group: &dyn Group,
+        bounds: &Bounds,
+    ) -> Result<Starts, Failed>;
     /// Whether the destination `name` (a topic) exists; an error says why that is unknown.
     fn exists(&self, name: &str, timeout: Duration) -> Result<bool, String>;
     /// How an open unit ends when `abort` succeeds: aborted on the broker, or (at least
@@ -272,7 +271,8 @@ pub enum NotConnected {
 pub enum Starts {
     /// At the group's committed offsets (the Kafka sinks commit there).
     Group,
-    /// Where the sink says, per partition (`None`: by the consumer's reset policy).
+    /// Where the sink says, per partition (`None`: nothing kept there; the consumer starts
+    /// at the group's committed offset, else by its reset policy).
     At(Vec<(Tp, Option<i64>)>),
 }
 

@@ -37,6 +37,10 @@ enum Cmd {
         count: u64,
         #[arg(long)]
         size: usize,
+        /// Kafka Connect's JSON with its schema, `{"schema": …, "payload": {seq, ts, us,
+        /// name, amount}}`, the payload about `size` bytes (a sink connector needs the schema).
+        #[arg(long)]
+        connect_schema: bool,
     },
     /// Write `count` app start-up events of about `size` bytes (the seed's daily active users),
     /// keyed by device, `devices` devices over `days` days in time order, from midnight UTC
@@ -158,18 +162,46 @@ fn send(
     }
 }
 
-fn preload(bootstrap: &str, topic: &str, count: u64, size: usize) {
+fn preload(bootstrap: &str, topic: &str, count: u64, size: usize, connect_schema: bool) {
     let p = producer(bootstrap);
+    let make = |seq| {
+        if connect_schema {
+            with_schema(seq, size)
+        } else {
+            record(seq, size)
+        }
+    };
     let started = Instant::now();
     for seq in 0..count {
-        send(&p, topic, seq, &record(seq, size));
+        send(&p, topic, seq, &make(seq));
     }
     p.flush(Duration::from_secs(300)).expect("flush");
     let secs = started.elapsed().as_secs_f64();
     println!(
         "{}",
-        json!({"records": count, "bytes_per_record": record(0, size).len(), "seconds": secs})
+        json!({"records": count, "bytes_per_record": make(0).len(), "seconds": secs})
     );
+}
+
+/// Kafka Connect's JSON with schema: five fields, the payload padded to about `size` bytes in
+/// `name`.
+fn with_schema(seq: u64, size: usize) -> Vec<u8> {
+    let us = now_us();
+    let field = |name: &str, kind: &str, optional: bool| json!({"field": name, "type": kind, "optional": optional});
+    let schema = json!({
+        "type": "struct", "name": "bench.Row", "optional": false,
+        "fields": [
+            field("seq", "int64", false), field("ts", "int64", true), field("us", "int64", true),
+            field("name", "string", true), field("amount", "double", true),
+        ],
+    });
+    let mut payload = json!({
+        "seq": seq, "ts": us / 1000, "us": us, "name": format!("u{}", seq % 1000),
+        "amount": (seq % 50_000) as f64 / 100.0,
+    });
+    let pad = size.saturating_sub(payload.to_string().len());
+    payload["name"] = format!("u{}-{}", seq % 1000, "x".repeat(pad)).into();
+    serde_json::to_vec(&json!({"schema": schema, "payload": payload})).expect("json")
 }
 
 fn startups(bootstrap: &str, topic: &str, count: u64, devices: u64, days: u64, size: usize) {
@@ -437,7 +469,12 @@ fn main() {
     let cli = Cli::parse();
     let b = &cli.bootstrap;
     match cli.command {
-        Cmd::Preload { topic, count, size } => preload(b, &topic, count, size),
+        Cmd::Preload {
+            topic,
+            count,
+            size,
+            connect_schema,
+        } => preload(b, &topic, count, size, connect_schema),
         Cmd::Startups {
             topic,
             count,
