@@ -484,3 +484,40 @@ fn two_pipelines_upserting_one_table_both_finish_and_the_table_holds_every_key()
     );
     assert_eq!(rows, total as i64);
 }
+
+#[test]
+fn killed_at_random_moments_under_load_every_input_is_one_row() {
+    // Kill -9 wherever it lands: inside a transaction's statements, inside COMMIT, between
+    // the COMMIT and the group's copy, in a rebalance's claim. Bounded: 8 kills.
+    let p = Pipeline::new("db-kills", 3);
+    // Most of the time is spent inside COMMIT (a deferred trigger sleeps there), so most
+    // kills land in one: the server goes on and commits for the dead process, and only the
+    // table knows.
+    db().batch(&format!(
+        "CREATE FUNCTION \"{t}_slow\"() RETURNS trigger LANGUAGE plpgsql AS
+           $$ BEGIN PERFORM pg_sleep(0.05); RETURN NULL; END $$;
+         CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON \"{t}\"
+           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.n % 100 = 0)
+           EXECUTE FUNCTION \"{t}_slow\"()",
+        t = p.table
+    ))
+    .unwrap();
+    let total = 16_000;
+    let inputs = numbered(total, 3);
+    let args = ["--commit-interval", "30ms", "--max-records-per-txn", "300"];
+    let mut delays = [350u64, 120, 800, 60, 500, 230, 900, 40].into_iter();
+    let mut ex = p.start("a", &args);
+    for chunk in inputs.chunks(total / 8) {
+        let before = p.committed(&db());
+        produce(&p.topics.input, chunk);
+        let Some(delay) = delays.next() else { break };
+        // Once it has started on the chunk, so the kill finds it at work.
+        p.wait_committed(before + 1, Duration::from_secs(60), &[&ex]);
+        std::thread::sleep(Duration::from_millis(delay));
+        ex.kill9();
+        ex = p.start("a", &args);
+    }
+    p.wait_committed(total as i64, Duration::from_secs(120), &[&ex]);
+    ex.stop_cleanly();
+    p.assert_exactly_once(total as i64);
+}
