@@ -91,6 +91,20 @@ impl Pipeline {
         Exactly::start(&self.args(instance, extra))
     }
 
+    /// Every COMMIT of a transaction with a row whose `n` is a multiple of `every` takes
+    /// `seconds` (a deferred trigger sleeps in it), so a kill or a terminate finds it there.
+    fn slow_commits(&self, seconds: f64, every: i64) {
+        db().batch(&format!(
+            "CREATE FUNCTION \"{t}_slow\"() RETURNS trigger LANGUAGE plpgsql AS
+               $$ BEGIN PERFORM pg_sleep({seconds}); RETURN NULL; END $$;
+             CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON \"{t}\"
+               DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.n % {every} = 0)
+               EXECUTE FUNCTION \"{t}_slow\"()",
+            t = self.table
+        ))
+        .unwrap();
+    }
+
     /// The offsets table's next offsets, summed over the partitions (0 before exactly
     /// created the table).
     fn committed(&self, db: &Db) -> i64 {
@@ -306,15 +320,7 @@ fn connections_terminated_or_answers_lost_during_commit_lose_and_double_nothing(
     // exactly's connection inside one.
     let mut p = Pipeline::new("db-term", 2);
     let app = unique("exactly-term");
-    db().batch(&format!(
-        "CREATE FUNCTION \"{t}_slow\"() RETURNS trigger LANGUAGE plpgsql AS
-           $$ BEGIN PERFORM pg_sleep(0.2); RETURN NULL; END $$;
-         CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON \"{t}\"
-           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.n % 500 = 0)
-           EXECUTE FUNCTION \"{t}_slow\"()",
-        t = p.table
-    ))
-    .unwrap();
+    p.slow_commits(0.2, 500);
     p.url = format!("{}?application_name={app}", p.url);
     let total = 5000;
     let inputs = numbered(total, 2);
@@ -493,15 +499,7 @@ fn killed_at_random_moments_under_load_every_input_is_one_row() {
     // Most of the time is spent inside COMMIT (a deferred trigger sleeps there), so most
     // kills land in one: the server goes on and commits for the dead process, and only the
     // table knows.
-    db().batch(&format!(
-        "CREATE FUNCTION \"{t}_slow\"() RETURNS trigger LANGUAGE plpgsql AS
-           $$ BEGIN PERFORM pg_sleep(0.05); RETURN NULL; END $$;
-         CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON \"{t}\"
-           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.n % 100 = 0)
-           EXECUTE FUNCTION \"{t}_slow\"()",
-        t = p.table
-    ))
-    .unwrap();
+    p.slow_commits(0.05, 100);
     let total = 16_000;
     let inputs = numbered(total, 3);
     let args = ["--commit-interval", "30ms", "--max-records-per-txn", "300"];
