@@ -191,6 +191,15 @@ mod tests {
     }
 
     #[test]
+    fn a_mysql_url_asking_for_tls_is_refused_at_start_not_at_connect() {
+        let o = StoreOptions::kafka(&kafka(), Duration::from_secs(1));
+        let url = "mysql://spark@127.0.0.1:3306/jobs?require_ssl=true";
+        let e = open(url, &o).err().unwrap().to_string();
+        assert!(e.contains("TLS"), "{e}");
+        assert!(open("mysql://spark@127.0.0.1:3306/jobs", &o).is_ok());
+    }
+
+    #[test]
     fn unknown_schemes_are_refused_by_name() {
         let o = StoreOptions::kafka(&kafka(), Duration::from_secs(1));
         let e = open("ftp://x", &o).err().unwrap().to_string();

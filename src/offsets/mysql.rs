@@ -31,6 +31,14 @@ impl MysqlStore {
                 redact(url)
             ))
         })?;
+        if parsed.ssl_opts().is_some() {
+            // This build's client has no TLS (mysql_async's minimal-rust): it would panic at
+            // connect.
+            return Err(Error::Config(format!(
+                "'{}': TLS (require_ssl) is not supported for MySQL stores by this build",
+                redact(url)
+            )));
+        }
         let opts = mysql_async::OptsBuilder::from_opts(parsed)
             .pass(options.password.as_ref().map(|p| p.expose().to_string()))
             .into();
