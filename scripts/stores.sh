@@ -67,7 +67,8 @@ mariadb-install-db --no-defaults --datadir="$dir/mariadb" --user="$user" \
   --auth-root-authentication-method=normal --skip-test-db >"$dir/mariadb-install.log" 2>&1
 mariadbd --no-defaults --datadir="$dir/mariadb" --user="$user" --bind-address=127.0.0.1 \
   --port="$mysql_port" --socket="$dir/mariadb.sock" --pid-file="$dir/mariadb.pid" \
-  --skip-name-resolve --log-error="$dir/mariadb.log" >/dev/null 2>&1 &
+  --skip-name-resolve --character-set-server=utf8mb4 --collation-server=utf8mb4_general_ci \
+  --log-error="$dir/mariadb.log" >/dev/null 2>&1 &
 for _ in $(seq 100); do
   mariadb-admin --no-defaults --socket="$dir/mariadb.sock" -uroot ping >/dev/null 2>&1 && break
   sleep 0.2

@@ -1,65 +1,71 @@
-//! The database sink end to end: the real broker, a real PostgreSQL 15 (`scripts/stores.sh`),
-//! the `exactly` binary writing rows and offsets in one database transaction, killed with
-//! SIGKILL and restarted, and a second instance fencing a paused one. Every input's row must
-//! be there exactly once: the tables are append-only (`--db-mode insert`, an identity key),
-//! so a duplicate would be a second row, never an overwrite.
+//! The database sink end to end, against a real PostgreSQL 15 and a real MariaDB
+//! (`scripts/stores.sh`) and the real broker: the `exactly` binary writing rows and offsets in
+//! one database transaction, killed with SIGKILL and restarted, a second instance fencing a
+//! paused one, connections ended under it, the database gone and back. Every input's row must
+//! be there exactly once: the tables are append-only (`--db-mode insert`, a key the server
+//! makes), so a duplicate would be a second row, never an overwrite.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
 use common::*;
-use exactly::db::{Bounds, Db};
+use exactly::db::Backend;
 
-fn db() -> Db {
-    let url = std::env::var("EXACTLY_TEST_POSTGRES_URL")
-        .expect("EXACTLY_TEST_POSTGRES_URL: run the tests through scripts/test.sh");
-    let password = std::env::var("EXACTLY_TEST_STORE_PASSWORD").unwrap();
-    let bounds = Bounds {
-        statement: Duration::from_secs(10),
-        idle_in_transaction: Duration::from_secs(30),
-    };
-    Db::connect(&url, Some(&password), bounds).expect("connected")
-}
-
-fn count(db: &Db, sql: &str) -> i64 {
-    let row = db.call(|c| async move { c.query_one(sql, &[]).await });
-    row.unwrap().get(0)
-}
-
-/// A pipeline into `table` (created here: an identity key, the input's `n`, its lineage).
+/// A pipeline into `table` (created here: a key the server makes, the input's `n`, its
+/// lineage).
 struct Pipeline {
+    backend: Backend,
     topics: Topics,
     group: String,
     table: String,
     offsets: String,
     jq: String,
     url: String,
+    /// More `--db-*` flags.
+    db_args: Vec<String>,
 }
 
-/// The rows' table of most tests: an identity key, so a duplicate is a second row.
-const APPEND_ONLY: &str = "id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-                           n bigint NOT NULL, doubled bigint, lineage text";
+/// The rows' table of most tests: a key the server makes, so a duplicate is a second row.
+fn append_only(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Postgres => {
+            "id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+             n bigint NOT NULL, doubled bigint, lineage text"
+        }
+        Backend::Mysql => {
+            "id BIGINT AUTO_INCREMENT PRIMARY KEY,
+             n BIGINT NOT NULL, doubled BIGINT, lineage VARCHAR(255)"
+        }
+    }
+}
 
 impl Pipeline {
-    fn new(name: &str, partitions: i32) -> Pipeline {
-        Pipeline::with(name, partitions, APPEND_ONLY, "{n, doubled: (.n * 2)}")
+    fn new(backend: Backend, name: &str, partitions: i32) -> Pipeline {
+        let columns = append_only(backend);
+        Pipeline::with(backend, name, partitions, columns, "{n, doubled: (.n * 2)}")
     }
 
     /// A table of `columns`, written through `jq`.
-    fn with(name: &str, partitions: i32, columns: &str, jq: &str) -> Pipeline {
+    fn with(backend: Backend, name: &str, partitions: i32, columns: &str, jq: &str) -> Pipeline {
         let topics = Topics::create(name, partitions, 1);
-        let table = unique(name).replace('-', "_");
-        db().batch(&format!("CREATE TABLE \"{table}\" ({columns})"))
-            .unwrap();
+        let table = unique_table(name);
+        let sql = Sql::connect(backend);
+        sql.batch(&format!("CREATE TABLE {} ({columns})", sql.quote(&table)));
         Pipeline {
+            backend,
             topics,
             group: unique(&format!("{name}-g")),
             offsets: format!("{table}_offsets"),
             table,
             jq: jq.to_string(),
-            url: std::env::var("EXACTLY_TEST_POSTGRES_URL").unwrap(),
+            url: db_url(backend),
+            db_args: Vec::new(),
         }
+    }
+
+    fn sql(&self) -> Sql {
+        Sql::connect(self.backend)
     }
 
     fn args(&self, instance: &str, extra: &[&str]) -> Vec<String> {
@@ -84,6 +90,7 @@ impl Pipeline {
             &self.jq,
         ];
         args.extend(table.iter().chain(extra).map(|s| s.to_string()));
+        args.extend(self.db_args.iter().cloned());
         args
     }
 
@@ -91,39 +98,51 @@ impl Pipeline {
         Exactly::start(&self.args(instance, extra))
     }
 
-    /// Every COMMIT of a transaction with a row whose `n` is a multiple of `every` takes
-    /// `seconds` (a deferred trigger sleeps in it), so a kill or a terminate finds it there.
-    fn slow_commits(&self, seconds: f64, every: i64) {
-        db().batch(&format!(
-            "CREATE FUNCTION \"{t}_slow\"() RETURNS trigger LANGUAGE plpgsql AS
-               $$ BEGIN PERFORM pg_sleep({seconds}); RETURN NULL; END $$;
-             CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON \"{t}\"
-               DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.n % {every} = 0)
-               EXECUTE FUNCTION \"{t}_slow\"()",
-            t = self.table
-        ))
-        .unwrap();
+    /// Transactions with a row whose `n` is a multiple of `every` take `seconds` longer, so a
+    /// kill finds exactly inside one: PostgreSQL's in its COMMIT (a deferred trigger sleeps
+    /// there, and the server commits for a dead client), MariaDB's before it (a trigger sleeps
+    /// in the INSERT: MariaDB has no deferred triggers).
+    fn slow_transactions(&self, seconds: f64, every: i64) {
+        let sql = self.sql();
+        let t = &self.table;
+        sql.batch(&match self.backend {
+            Backend::Postgres => format!(
+                "CREATE FUNCTION \"{t}_slow\"() RETURNS trigger LANGUAGE plpgsql AS
+                   $$ BEGIN PERFORM pg_sleep({seconds}); RETURN NULL; END $$;
+                 CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON \"{t}\"
+                   DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.n % {every} = 0)
+                   EXECUTE FUNCTION \"{t}_slow\"()"
+            ),
+            Backend::Mysql => format!(
+                "CREATE TRIGGER `{t}_slow` BEFORE INSERT ON `{t}` FOR EACH ROW
+                   SET @exactly_slow = IF(NEW.n % {every} = 0, SLEEP({seconds}), 0)"
+            ),
+        });
     }
 
     /// The offsets table's next offsets, summed over the partitions (0 before exactly
     /// created the table).
-    fn committed(&self, db: &Db) -> i64 {
-        let sql = format!(
-            "SELECT coalesce(sum(next_offset), 0)::bigint FROM \"{}\" WHERE group_id = '{}'",
-            self.offsets, self.group
-        );
-        let row = db.call(|c| async move { c.query_one(&sql, &[]).await });
-        row.map_or(0, |r| r.get(0))
+    fn committed(&self, sql: &Sql) -> i64 {
+        let rows = sql.try_rows(&format!(
+            "SELECT COALESCE(SUM(next_offset), 0) FROM {} WHERE group_id = '{}'",
+            sql.quote(&self.offsets),
+            self.group
+        ));
+        let value = rows
+            .ok()
+            .and_then(|r| r.first()?.first().cloned().flatten());
+        value.map_or(0, |v| v.parse().unwrap())
     }
 
     fn wait_committed(&self, n: i64, timeout: Duration, ex: &[&Exactly]) {
-        let (db, deadline) = (db(), Instant::now() + timeout);
-        while self.committed(&db) < n {
+        let (sql, deadline) = (self.sql(), Instant::now() + timeout);
+        while self.committed(&sql) < n {
             if Instant::now() > deadline {
                 let logs: Vec<String> = ex.iter().map(|e| e.log_text()).collect();
                 panic!(
-                    "{} of {n} committed after {timeout:?}; logs:\n{}",
-                    self.committed(&db),
+                    "{:?}: {} of {n} committed after {timeout:?}; logs:\n{}",
+                    self.backend,
+                    self.committed(&sql),
                     logs.join("\n----\n")
                 );
             }
@@ -133,34 +152,28 @@ impl Pipeline {
 
     /// Every n of 0..total exactly once, each doubled, each with its input's lineage.
     fn assert_exactly_once(&self, total: i64) {
-        let db = db();
-        let t = &self.table;
-        let rows = count(&db, &format!("SELECT count(*) FROM \"{t}\""));
-        let distinct = count(&db, &format!("SELECT count(DISTINCT n) FROM \"{t}\""));
-        let doubled = count(
-            &db,
-            &format!(
-                "SELECT count(*) FROM \"{t}\" WHERE doubled = n * 2 AND n >= 0 AND n < {total}"
-            ),
-        );
-        let lineages = count(
-            &db,
-            &format!(
-                "SELECT count(DISTINCT lineage) FROM \"{t}\" WHERE lineage LIKE '{}/%/%/0'",
-                self.topics.input
-            ),
-        );
+        let sql = self.sql();
+        let t = sql.quote(&self.table);
+        let rows = sql.count(&format!("SELECT count(*) FROM {t}"));
+        let distinct = sql.count(&format!("SELECT count(DISTINCT n) FROM {t}"));
+        let doubled = sql.count(&format!(
+            "SELECT count(*) FROM {t} WHERE doubled = n * 2 AND n >= 0 AND n < {total}"
+        ));
+        let lineages = sql.count(&format!(
+            "SELECT count(DISTINCT lineage) FROM {t} WHERE lineage LIKE '{}/%/%/0'",
+            self.topics.input
+        ));
         assert_eq!(
             (rows, distinct, doubled, lineages),
             (total, total, total, total),
-            "rows, distinct inputs, correct rows, distinct lineages"
+            "{:?}: rows, distinct inputs, correct rows, distinct lineages",
+            self.backend
         );
     }
 }
 
-#[test]
-fn rows_and_offsets_commit_together_across_kill_9_and_the_group_gets_a_copy() {
-    let p = Pipeline::new("db-kill", 3);
+fn kill_9_and_a_crash_between_the_commit_and_the_groups_copy(backend: Backend) {
+    let p = Pipeline::new(backend, "db-kill", 3);
     let total = 6000;
     let inputs = numbered(total, 3);
     produce(&p.topics.input, &inputs[..2000]);
@@ -180,7 +193,7 @@ fn rows_and_offsets_commit_together_across_kill_9_and_the_group_gets_a_copy() {
     let status = ex.wait(Duration::from_secs(60));
     assert!(!status.success(), "{}", ex.log_text());
     let (in_table, in_group) = (
-        p.committed(&db()),
+        p.committed(&p.sql()),
         committed_total(&p.group, &p.topics.input),
     );
     assert!(in_table > in_group, "table {in_table}, group {in_group}");
@@ -202,12 +215,27 @@ fn rows_and_offsets_commit_together_across_kill_9_and_the_group_gets_a_copy() {
 }
 
 #[test]
-fn rows_the_database_refuses_and_values_that_are_no_rows_go_to_the_dead_letter_table_once() {
+fn postgres_rows_and_offsets_commit_together_across_kill_9_and_the_group_gets_a_copy() {
+    kill_9_and_a_crash_between_the_commit_and_the_groups_copy(Backend::Postgres);
+}
+
+#[test]
+fn mysql_rows_and_offsets_commit_together_across_kill_9_and_the_group_gets_a_copy() {
+    kill_9_and_a_crash_between_the_commit_and_the_groups_copy(Backend::Mysql);
+}
+
+fn refused_rows_to_the_dead_letter_table(backend: Backend) {
     // n % 100 = 7 breaks a CHECK; a `d` that is no number is no bigint; n = 5 is no object.
-    let columns = "id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-                   n bigint NOT NULL CHECK (n % 100 <> 7), doubled bigint, lineage text";
+    let columns = append_only(backend).replace(
+        "n bigint NOT NULL",
+        "n bigint NOT NULL CHECK (n % 100 <> 7)",
+    );
+    let columns = columns.replace(
+        "n BIGINT NOT NULL",
+        "n BIGINT NOT NULL CHECK (n % 100 <> 7)",
+    );
     let jq = "if .n == 5 then .n else {n, doubled: .d} end";
-    let p = Pipeline::with("db-bad", 2, columns, jq);
+    let p = Pipeline::with(backend, "db-bad", 2, &columns, jq);
     let total = 300;
     let inputs: Vec<In> = (0..total)
         .map(|i| {
@@ -227,64 +255,66 @@ fn rows_the_database_refuses_and_values_that_are_no_rows_go_to_the_dead_letter_t
     let mut ex = p.start("a", &[]);
     p.wait_committed(total, Duration::from_secs(60), &[&ex]);
     ex.stop_cleanly();
-    let db = db();
-    let t = &p.table;
+    let sql = p.sql();
+    let t = sql.quote(&p.table);
     let bad = [3, 5, 7, 103, 107, 203, 207];
-    let rows = count(&db, &format!("SELECT count(*) FROM \"{t}\""));
-    let distinct = count(&db, &format!("SELECT count(DISTINCT n) FROM \"{t}\""));
-    assert_eq!((rows, distinct), (total - 7, total - 7));
+    let rows = sql.count(&format!("SELECT count(*) FROM {t}"));
+    let distinct = sql.count(&format!("SELECT count(DISTINCT n) FROM {t}"));
+    assert_eq!((rows, distinct), (total - 7, total - 7), "{backend:?}");
     let listed = bad.map(|n| n.to_string()).join(",");
-    let written_bad = count(
-        &db,
-        &format!("SELECT count(*) FROM \"{t}\" WHERE n IN ({listed})"),
-    );
+    let written_bad = sql.count(&format!("SELECT count(*) FROM {t} WHERE n IN ({listed})"));
     assert_eq!(written_bad, 0);
     // Each bad input's copy once, with why.
-    let sql = format!(
-        "SELECT convert_from(value, 'UTF8')::json->>'n', reason,
-           (SELECT h->>1 FROM jsonb_array_elements(headers) h
-            WHERE h->>0 = 'exactly.error.broker')
-         FROM \"{t}_dlq\" ORDER BY 1::text"
-    );
-    let dead = db
-        .call(|c| async move { c.query(&sql, &[]).await })
-        .unwrap();
-    let dead: Vec<(Option<String>, Option<String>, Option<String>)> = dead
+    let text = match backend {
+        Backend::Postgres => "convert_from(value, 'UTF8'), reason, headers::text",
+        Backend::Mysql => "CONVERT(value USING utf8mb4), reason, headers",
+    };
+    let dead = sql.rows(&format!(
+        "SELECT {text} FROM {}",
+        sql.quote(&format!("{}_dlq", p.table))
+    ));
+    let dead: Vec<(i64, Option<String>, Option<String>)> = dead
         .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .map(|r| {
+            let value: serde_json::Value = serde_json::from_str(r[0].as_deref().unwrap()).unwrap();
+            let n = value.get("n").unwrap_or(&value).as_i64().unwrap();
+            let headers: Vec<(String, Option<String>)> =
+                serde_json::from_str(r[2].as_deref().unwrap()).unwrap();
+            let broker = (headers.iter())
+                .find(|(k, _)| k == "exactly.error.broker")
+                .and_then(|(_, v)| v.clone());
+            (n, r[1].clone(), broker)
+        })
         .collect();
-    let mut ns: Vec<i64> = dead
-        .iter()
-        .map(|d| d.0.as_deref().unwrap().parse().unwrap())
-        .collect();
+    let mut ns: Vec<i64> = dead.iter().map(|d| d.0).collect();
     ns.sort();
     assert_eq!(ns, bad, "{dead:?}");
-    let broker = |n: &str| {
-        dead.iter()
-            .find(|d| d.0.as_deref() == Some(n))
-            .unwrap()
-            .2
-            .clone()
-    };
-    assert_eq!(broker("7").as_deref(), Some("CHECK_VIOLATION"), "{dead:?}");
+    let broker = |n: i64| dead.iter().find(|d| d.0 == n).unwrap().2.clone();
+    assert_eq!(broker(7).as_deref(), Some("CHECK_VIOLATION"), "{dead:?}");
     assert_eq!(
-        broker("3").as_deref(),
+        broker(3).as_deref(),
         Some("INVALID_TEXT_REPRESENTATION"),
         "{dead:?}"
     );
-    assert_eq!(
-        broker("5").as_deref(),
-        Some("NOT_A_JSON_OBJECT"),
-        "{dead:?}"
-    );
+    assert_eq!(broker(5).as_deref(), Some("NOT_A_JSON_OBJECT"), "{dead:?}");
     assert!(dead.iter().all(|d| d.1.is_some()), "{dead:?}");
 }
 
 #[test]
-fn a_paused_instance_whose_partitions_moved_is_fenced_by_the_table_and_writes_nothing() {
+fn postgres_rows_the_database_refuses_and_values_that_are_no_rows_go_to_the_dead_letter_table_once()
+{
+    refused_rows_to_the_dead_letter_table(Backend::Postgres);
+}
+
+#[test]
+fn mysql_rows_the_database_refuses_and_values_that_are_no_rows_go_to_the_dead_letter_table_once() {
+    refused_rows_to_the_dead_letter_table(Backend::Mysql);
+}
+
+fn a_paused_instance_is_fenced(backend: Backend) {
     use nix::sys::signal::Signal;
 
-    let p = Pipeline::new("db-zombie", 2);
+    let p = Pipeline::new(backend, "db-zombie", 2);
     let total = 4000;
     let inputs = numbered(total, 2);
     // A commits rarely, so it holds an open unit when it stops.
@@ -315,12 +345,22 @@ fn a_paused_instance_whose_partitions_moved_is_fenced_by_the_table_and_writes_no
 }
 
 #[test]
-fn connections_terminated_or_answers_lost_during_commit_lose_and_double_nothing() {
+fn postgres_a_paused_instance_whose_partitions_moved_is_fenced_by_the_table_and_writes_nothing() {
+    a_paused_instance_is_fenced(Backend::Postgres);
+}
+
+#[test]
+fn mysql_a_paused_instance_whose_partitions_moved_is_fenced_by_the_table_and_writes_nothing() {
+    a_paused_instance_is_fenced(Backend::Mysql);
+}
+
+#[test]
+fn postgres_connections_terminated_or_answers_lost_during_commit_lose_and_double_nothing() {
     // Every COMMIT takes a moment (a deferred trigger sleeps in it), so the killer below finds
     // exactly's connection inside one.
-    let mut p = Pipeline::new("db-term", 2);
+    let mut p = Pipeline::new(Backend::Postgres, "db-term", 2);
     let app = unique("exactly-term");
-    p.slow_commits(0.2, 500);
+    p.slow_transactions(0.2, 500);
     p.url = format!("{}?application_name={app}", p.url);
     let total = 5000;
     let inputs = numbered(total, 2);
@@ -332,7 +372,7 @@ fn connections_terminated_or_answers_lost_during_commit_lose_and_double_nothing(
         "4",
     ];
     let mut ex = p.start("a", &args);
-    let killer = db();
+    let killer = p.sql();
     let kill = format!(
         "SELECT count(pg_terminate_backend(pid))::bigint FROM pg_stat_activity
          WHERE application_name = '{app}' AND state = 'active' AND query = 'COMMIT'"
@@ -342,7 +382,7 @@ fn connections_terminated_or_answers_lost_during_commit_lose_and_double_nothing(
         produce(&p.topics.input, chunk);
         let until = Instant::now() + Duration::from_secs(2);
         while Instant::now() < until {
-            terminated += count(&killer, &kill);
+            terminated += killer.count(&kill);
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -356,6 +396,13 @@ fn connections_terminated_or_answers_lost_during_commit_lose_and_double_nothing(
     let log = ex.log_text();
     let lost = log.matches("the connection was lost during COMMIT").count();
     assert!(lost >= 3, "{lost} terminated COMMITs: {log}");
+    assert_lost_answers_resolved(&ex);
+}
+
+/// Every COMMIT answer `--test-lose-db-commit-answers` lost was resolved by the offsets table
+/// as a commit.
+fn assert_lost_answers_resolved(ex: &Exactly) {
+    let log = ex.log_text();
     let answers = log.matches("the COMMIT's answer is lost").count();
     let resolved = ex
         .events("a commit whose outcome was unknown had committed")
@@ -367,56 +414,65 @@ fn connections_terminated_or_answers_lost_during_commit_lose_and_double_nothing(
 }
 
 #[test]
-fn a_database_that_goes_away_under_load_stalls_exactly_not_ready_and_nothing_is_lost_or_doubled() {
-    // A database of its own, so its outage is this test's only.
-    let name = unique("db_outage").replace('-', "_");
-    let admin = db();
-    admin.batch(&format!("CREATE DATABASE \"{name}\"")).unwrap();
-    let url = std::env::var("EXACTLY_TEST_POSTGRES_URL").unwrap();
-    let url = format!("{}/{name}", url.rsplit_once('/').unwrap().0);
-    let mut p = Pipeline::new("db-outage", 2);
-    p.url = url.clone();
-    let password = std::env::var("EXACTLY_TEST_STORE_PASSWORD").unwrap();
-    let bounds = Bounds {
-        statement: Duration::from_secs(10),
-        idle_in_transaction: Duration::from_secs(30),
-    };
-    let own = Db::connect(&url, Some(&password), bounds).unwrap();
-    own.batch(&format!("CREATE TABLE \"{}\" ({APPEND_ONLY})", p.table))
-        .unwrap();
-    drop(own);
+fn mysql_connections_killed_in_a_transaction_or_answers_lost_after_commit_lose_and_double_nothing()
+{
+    // Every transaction with a multiple of 250 takes a moment (a trigger sleeps in its
+    // INSERT), so the killer finds exactly's connection inside one, by the statement it runs.
+    let p = Pipeline::new(Backend::Mysql, "db-term", 2);
+    p.slow_transactions(0.2, 250);
+    let total = 5000;
+    let inputs = numbered(total, 2);
+    // And every 4th commit's answer is lost after the COMMIT went through.
+    let args = [
+        "--max-records-per-txn",
+        "500",
+        "--test-lose-db-commit-answers",
+        "4",
+    ];
+    let mut ex = p.start("a", &args);
+    let killer = p.sql();
+    let ours = format!(
+        "SELECT ID FROM information_schema.PROCESSLIST
+         WHERE ID <> CONNECTION_ID() AND INFO LIKE 'INSERT INTO `{}`%'",
+        p.table
+    );
+    let mut killed = 0;
+    for chunk in inputs.chunks(500) {
+        produce(&p.topics.input, chunk);
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until {
+            for id in killer.rows(&ours) {
+                let id = id[0].clone().unwrap();
+                if killer.try_batch(&format!("KILL CONNECTION {id}")).is_ok() {
+                    killed += 1;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    p.wait_committed(total as i64, Duration::from_secs(120), &[&ex]);
+    ex.stop_cleanly();
+    p.assert_exactly_once(total as i64);
+    assert!(
+        killed >= 3,
+        "only {killed} connections killed in a transaction"
+    );
+    assert_lost_answers_resolved(&ex);
+}
+
+fn the_database_goes_away_under_load(backend: Backend) {
+    // Through a proxy of its own, so the outage is this test's only.
+    let mut p = Pipeline::new(backend, "db-outage", 2);
+    let proxy = Proxy::start(&p.url);
+    p.url = with_port(&p.url, proxy.port);
     let total = 4000;
     let inputs = numbered(total, 2);
     produce(&p.topics.input, &inputs[..1000]);
     let mut ex = p.start("a", &["--db-statement-timeout", "2s"]);
     let addr = http_addr(&ex);
-    let committed = |db: &Db| {
-        let sql = format!(
-            "SELECT coalesce(sum(next_offset), 0)::bigint FROM \"{}\"",
-            p.offsets
-        );
-        db.call(|c| async move { c.query_one(&sql, &[]).await })
-            .map_or(0, |r| r.get(0))
-    };
-    let wait = |n: i64| {
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
-            let db = Db::connect(&url, Some(&password), bounds);
-            if db.is_ok_and(|db| committed(&db) >= n) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "{}", ex.log_text());
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    };
-    wait(1000);
-    // The outage: no connections, the open ones ended, while records keep coming.
-    admin
-        .batch(&format!(
-            "ALTER DATABASE \"{name}\" WITH ALLOW_CONNECTIONS false;
-             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
-        ))
-        .unwrap();
+    p.wait_committed(1000, Duration::from_secs(90), &[&ex]);
+    // The outage: the open connections cut, new ones refused, while records keep coming.
+    proxy.cut();
     produce(&p.topics.input, &inputs[1000..3000]);
     let deadline = Instant::now() + Duration::from_secs(30);
     while get(&addr, "/readyz").map(|(s, _)| s) != Some(503) {
@@ -429,13 +485,9 @@ fn a_database_that_goes_away_under_load_stalls_exactly_not_ready_and_nothing_is_
     std::thread::sleep(Duration::from_secs(5));
     // Alive all along: waiting out an outage is not a stuck loop.
     assert_eq!(get(&addr, "/livez").map(|(s, _)| s), Some(200));
-    admin
-        .batch(&format!(
-            "ALTER DATABASE \"{name}\" WITH ALLOW_CONNECTIONS true"
-        ))
-        .unwrap();
+    proxy.restore();
     produce(&p.topics.input, &inputs[3000..]);
-    wait(total as i64);
+    p.wait_committed(total as i64, Duration::from_secs(90), &[&ex]);
     let deadline = Instant::now() + Duration::from_secs(30);
     while get(&addr, "/readyz").map(|(s, _)| s) != Some(200) {
         assert!(
@@ -445,23 +497,34 @@ fn a_database_that_goes_away_under_load_stalls_exactly_not_ready_and_nothing_is_
         std::thread::sleep(Duration::from_millis(100));
     }
     ex.stop_cleanly();
-    let own = Db::connect(&url, Some(&password), bounds).unwrap();
-    let t = &p.table;
-    let rows = count(&own, &format!("SELECT count(*) FROM \"{t}\""));
-    let distinct = count(&own, &format!("SELECT count(DISTINCT n) FROM \"{t}\""));
-    assert_eq!((rows, distinct), (total as i64, total as i64));
+    p.assert_exactly_once(total as i64);
 }
 
 #[test]
-fn two_pipelines_upserting_one_table_both_finish_and_the_table_holds_every_key() {
+fn postgres_a_database_that_goes_away_under_load_stalls_exactly_not_ready_and_nothing_is_lost_or_doubled()
+ {
+    the_database_goes_away_under_load(Backend::Postgres);
+}
+
+#[test]
+fn mysql_a_database_that_goes_away_under_load_stalls_exactly_not_ready_and_nothing_is_lost_or_doubled()
+ {
+    the_database_goes_away_under_load(Backend::Mysql);
+}
+
+fn two_pipelines_upsert_one_table(backend: Backend) {
     // Both write the same keys, in opposite orders of arrival: rows sorted by key in every
     // transaction take their locks in one order, and a deadlock, should one happen, aborts
     // and replays one side.
-    let columns = "n bigint PRIMARY KEY, doubled bigint, lineage text";
-    let first = Pipeline::with("db-two-a", 2, columns, "{n, doubled: (.n * 2)}");
-    let mut second = Pipeline::with("db-two-b", 2, columns, "{n, doubled: (.n * 2)}");
-    db().batch(&format!("DROP TABLE \"{}\"", second.table))
-        .unwrap();
+    let columns = match backend {
+        Backend::Postgres => "n bigint PRIMARY KEY, doubled bigint, lineage text",
+        Backend::Mysql => "n BIGINT PRIMARY KEY, doubled BIGINT, lineage VARCHAR(255)",
+    };
+    let jq = "{n, doubled: (.n * 2)}";
+    let first = Pipeline::with(backend, "db-two-a", 2, columns, jq);
+    let mut second = Pipeline::with(backend, "db-two-b", 2, columns, jq);
+    let sql = first.sql();
+    sql.batch(&format!("DROP TABLE {}", sql.quote(&second.table)));
     second.table = first.table.clone();
     let total = 3000;
     let mut inputs = numbered(total, 2);
@@ -482,31 +545,38 @@ fn two_pipelines_upserting_one_table_both_finish_and_the_table_holds_every_key()
     second.wait_committed(total as i64, Duration::from_secs(90), &[&a, &b]);
     a.stop_cleanly();
     b.stop_cleanly();
-    let db = db();
-    let t = &first.table;
-    let rows = count(
-        &db,
-        &format!("SELECT count(*) FROM \"{t}\" WHERE doubled = n * 2"),
-    );
-    assert_eq!(rows, total as i64);
+    let rows = sql.count(&format!(
+        "SELECT count(*) FROM {} WHERE doubled = n * 2",
+        sql.quote(&first.table)
+    ));
+    assert_eq!(rows, total as i64, "{backend:?}");
 }
 
 #[test]
-fn killed_at_random_moments_under_load_every_input_is_one_row() {
+fn postgres_two_pipelines_upserting_one_table_both_finish_and_the_table_holds_every_key() {
+    two_pipelines_upsert_one_table(Backend::Postgres);
+}
+
+#[test]
+fn mysql_two_pipelines_upserting_one_table_both_finish_and_the_table_holds_every_key() {
+    two_pipelines_upsert_one_table(Backend::Mysql);
+}
+
+fn killed_at_random_moments(backend: Backend) {
     // Kill -9 wherever it lands: inside a transaction's statements, inside COMMIT, between
     // the COMMIT and the group's copy, in a rebalance's claim. Bounded: 8 kills.
-    let p = Pipeline::new("db-kills", 3);
-    // Most of the time is spent inside COMMIT (a deferred trigger sleeps there), so most
-    // kills land in one: the server goes on and commits for the dead process, and only the
-    // table knows.
-    p.slow_commits(0.05, 100);
+    let p = Pipeline::new(backend, "db-kills", 3);
+    // Most of the time is spent inside a transaction (PostgreSQL: its COMMIT, which the
+    // server goes on with for the dead process, and only the table knows).
+    p.slow_transactions(0.05, 100);
     let total = 16_000;
     let inputs = numbered(total, 3);
     let args = ["--commit-interval", "30ms", "--max-records-per-txn", "300"];
     let mut delays = [350u64, 120, 800, 60, 500, 230, 900, 40].into_iter();
     let mut ex = p.start("a", &args);
+    let sql = p.sql();
     for chunk in inputs.chunks(total / 8) {
-        let before = p.committed(&db());
+        let before = p.committed(&sql);
         produce(&p.topics.input, chunk);
         let Some(delay) = delays.next() else { break };
         // Once it has started on the chunk, so the kill finds it at work.
@@ -518,4 +588,93 @@ fn killed_at_random_moments_under_load_every_input_is_one_row() {
     p.wait_committed(total as i64, Duration::from_secs(120), &[&ex]);
     ex.stop_cleanly();
     p.assert_exactly_once(total as i64);
+}
+
+#[test]
+fn postgres_killed_at_random_moments_under_load_every_input_is_one_row() {
+    killed_at_random_moments(Backend::Postgres);
+}
+
+#[test]
+fn mysql_killed_at_random_moments_under_load_every_input_is_one_row() {
+    killed_at_random_moments(Backend::Mysql);
+}
+
+#[test]
+fn mysql_a_spark_job_keeping_offsets_in_kafka_offset_hands_over_without_replay() {
+    // The Spark recipe: rows and `kafka_offset` written by the job; it stopped after
+    // untilOffset 500 of each partition. exactly takes the same table as its offsets table.
+    let mut p = Pipeline::new(Backend::Mysql, "db-spark", 2);
+    let sql = p.sql();
+    let kafka_offset = unique_table("kafka_offset");
+    sql.batch(&format!(
+        "CREATE TABLE `{kafka_offset}` (group_id VARCHAR(255) NOT NULL, topic VARCHAR(255) NOT NULL,
+           partition_id INT NOT NULL, fromOffset BIGINT NOT NULL, untilOffset BIGINT NOT NULL,
+           PRIMARY KEY (group_id, topic, partition_id))"
+    ));
+    let total = 4000;
+    let inputs = numbered(total, 2);
+    produce(&p.topics.input, &inputs);
+    // Partition p's offset k holds n = 2k + p: the job wrote n < 1000.
+    let values: Vec<String> = (0..1000).map(|n| format!("({n}, {})", n * 2)).collect();
+    sql.batch(&format!(
+        "INSERT INTO `{}` (n, doubled) VALUES {}",
+        p.table,
+        values.join(", ")
+    ));
+    sql.batch(&format!(
+        "REPLACE INTO `{kafka_offset}` VALUES ('{g}', '{t}', 0, 400, 500), ('{g}', '{t}', 1, 400, 500)",
+        g = p.group,
+        t = p.topics.input
+    ));
+    p.offsets = kafka_offset.clone();
+    p.db_args = ["--db-offsets-layout", "kafka-offset"]
+        .map(String::from)
+        .to_vec();
+    let until = |sql: &Sql| {
+        sql.count(&format!(
+            "SELECT COALESCE(SUM(untilOffset), 0) FROM `{kafka_offset}` WHERE group_id = '{}'",
+            p.group
+        ))
+    };
+    let wait = |n: i64, ex: &Exactly| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while until(&sql) < n {
+            assert!(Instant::now() < deadline, "{}", ex.log_text());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let args = ["--commit-interval", "50ms", "--max-records-per-txn", "200"];
+    let mut ex = p.start("a", &args);
+    wait(2000, &ex);
+    ex.kill9();
+    let mut ex = p.start("a", &args);
+    wait(total as i64, &ex);
+    ex.stop_cleanly();
+    let t = format!("`{}`", p.table);
+    let rows = sql.count(&format!("SELECT count(*) FROM {t}"));
+    let distinct = sql.count(&format!("SELECT count(DISTINCT n) FROM {t}"));
+    let doubled = sql.count(&format!("SELECT count(*) FROM {t} WHERE doubled = n * 2"));
+    assert_eq!((rows, distinct, doubled), (4000, 4000, 4000));
+    // exactly wrote none of the job's (no lineage on them), all of the rest.
+    let ours = sql.count(&format!(
+        "SELECT count(*) FROM {t} WHERE lineage IS NOT NULL AND n >= 1000"
+    ));
+    assert_eq!(ours, 3000);
+    // The recipe's columns as the job would read them: untilOffset the next to read,
+    // fromOffset the commit's start.
+    let ranges = sql.rows(&format!(
+        "SELECT partition_id, fromOffset, untilOffset FROM `{kafka_offset}` ORDER BY partition_id"
+    ));
+    for r in &ranges {
+        let (from, until): (i64, i64) = (
+            r[1].as_deref().unwrap().parse().unwrap(),
+            r[2].as_deref().unwrap().parse().unwrap(),
+        );
+        assert!(until == 2000 && from < until && from >= 500, "{ranges:?}");
+    }
+    let owners = sql.count(&format!(
+        "SELECT count(*) FROM `{kafka_offset}_owner` WHERE owner_epoch > 0"
+    ));
+    assert_eq!(owners, 2);
 }

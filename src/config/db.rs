@@ -7,15 +7,16 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use super::parse_duration;
+use crate::db::{Backend, Layout, Target, Write};
 use crate::error::Error;
 
 /// Options of the database sink.
 #[derive(Clone, Debug, Args)]
 pub struct DbArgs {
-    /// Write outputs as rows of --db-table in this PostgreSQL database (a libpq URL:
-    /// postgres://user@host:port/db), with the offsets in the same transaction, instead of to
-    /// Kafka. The password comes from --db-password-env or --db-password-file, never the
-    /// URL.
+    /// Write outputs as rows of --db-table in this database, with the offsets in the same
+    /// transaction, instead of to Kafka: PostgreSQL (postgres://user@host:port/db), MySQL or
+    /// MariaDB (mysql://user@host:port/db). The password comes from --db-password-env or
+    /// --db-password-file, never the URL.
     #[arg(
         long,
         env = "EXACTLY_DB_URL",
@@ -60,15 +61,22 @@ pub struct DbArgs {
     #[arg(long, env = "EXACTLY_DB_MODE", value_enum, default_value_t = DbMode::Upsert, requires = "db_url")]
     pub db_mode: DbMode,
 
-    /// The table of the group's offsets (created if missing).
+    /// The table of the group's offsets (created if missing) [default: exactly_offsets, or
+    /// kafka_offset with --db-offsets-layout kafka-offset].
     #[arg(
         long,
         env = "EXACTLY_DB_OFFSETS_TABLE",
         value_name = "TABLE",
-        default_value = "exactly_offsets",
         requires = "db_url"
     )]
-    pub db_offsets_table: String,
+    pub db_offsets_table: Option<String>,
+
+    /// exactly: exactly's own offsets table. kafka-offset (MySQL and MariaDB): the Spark
+    /// recipes' kafka_offset(group_id, topic, partition_id, fromOffset, untilOffset), the
+    /// job resuming from untilOffset, so a job that kept its offsets there hands over
+    /// without replay; the owners' epochs go in <table>_owner beside it.
+    #[arg(long, env = "EXACTLY_DB_OFFSETS_LAYOUT", value_enum, default_value_t = OffsetsLayout::Exactly, requires = "db_url")]
+    pub db_offsets_layout: OffsetsLayout,
 
     /// The table dead-letter copies are written to, in the same transaction (created if
     /// missing) [default: <db-table>_dlq].
@@ -105,10 +113,21 @@ pub enum DbMode {
     Insert,
 }
 
+/// How the offsets table is laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OffsetsLayout {
+    /// (group_id, topic, partition, next_offset, owner_epoch, owner, updated).
+    Exactly,
+    /// kafka_offset(group_id, topic, partition_id, fromOffset, untilOffset).
+    KafkaOffset,
+}
+
 /// The database sink, validated.
 #[derive(Clone, Debug)]
 pub struct DbConfig {
-    /// libpq URL.
+    /// Which database.
+    pub backend: Backend,
+    /// Its URL.
     pub url: String,
     /// Password, kept out of the URL.
     pub password: Option<String>,
@@ -118,6 +137,8 @@ pub struct DbConfig {
     pub mode: DbMode,
     /// The offsets table.
     pub offsets_table: String,
+    /// Its layout.
+    pub layout: Layout,
     /// The dead-letter table.
     pub dlq_table: String,
     /// The lineage column, if any.
@@ -145,17 +166,34 @@ impl DbArgs {
             return Ok(None);
         };
         let table = self.db_table.clone().unwrap_or_default();
+        let backend = Backend::of(url).map_err(|e| Error::Config(format!("--db-url: {e}")))?;
+        let layout = match (self.db_offsets_layout, backend) {
+            (OffsetsLayout::Exactly, _) => Layout::Exactly,
+            (OffsetsLayout::KafkaOffset, Backend::Mysql) => Layout::KafkaOffset,
+            (OffsetsLayout::KafkaOffset, Backend::Postgres) => {
+                return Err(Error::Config(
+                    "--db-offsets-layout: kafka-offset is the MySQL recipes' table: \
+                     MySQL and MariaDB only"
+                        .into(),
+                ));
+            }
+        };
+        let offsets_table = match (&self.db_offsets_table, layout) {
+            (Some(t), _) => t.clone(),
+            (None, Layout::Exactly) => "exactly_offsets".into(),
+            (None, Layout::KafkaOffset) => "kafka_offset".into(),
+        };
         let name = |flag: &str, t: &str| {
-            crate::db::identifier(t)
+            crate::db::name_parts(t)
                 .map(|_| ())
                 .map_err(|e| Error::Config(format!("{flag}: {e}")))
         };
         name("--db-table", &table)?;
-        name("--db-offsets-table", &self.db_offsets_table)?;
+        name("--db-offsets-table", &offsets_table)?;
         let dlq_table = (self.db_dlq_table.clone()).unwrap_or_else(|| format!("{table}_dlq"));
         name("--db-dlq-table", &dlq_table)?;
         for (flag, other) in [
-            ("--db-offsets-table", &self.db_offsets_table),
+            ("--db-offsets-table", &offsets_table),
             ("--db-dlq-table", &dlq_table),
         ] {
             if *other == table {
@@ -164,24 +202,32 @@ impl DbArgs {
                 )));
             }
         }
-        if self.db_offsets_table == dlq_table {
+        if offsets_table == dlq_table {
             return Err(Error::Config(format!(
                 "--db-dlq-table: '{dlq_table}' is also the --db-offsets-table"
             )));
         }
         if let Some(c) = &self.db_lineage_column
-            && !crate::db::identifier(c).is_ok_and(|_| !c.contains('.'))
+            && !crate::db::name_parts(c).is_ok_and(|_| !c.contains('.'))
         {
             return Err(Error::Config(format!(
                 "--db-lineage-column: '{c}' is not a column name (letters, digits and _)"
             )));
         }
-        let Ok(parsed) = url.parse::<tokio_postgres::Config>() else {
-            return Err(Error::Config(
-                "--db-url: not a PostgreSQL URL (postgres://user@host:port/database)".into(),
-            ));
+        let password_in_url = match backend {
+            Backend::Postgres => {
+                let Ok(parsed) = url.parse::<tokio_postgres::Config>() else {
+                    return Err(Error::Config(
+                        "--db-url: not a PostgreSQL URL (postgres://user@host:port/database)"
+                            .into(),
+                    ));
+                };
+                parsed.get_password().is_some()
+            }
+            Backend::Mysql => crate::db::mysql::check_url(url)
+                .map_err(|e| Error::Config(format!("--db-url: {e}")))?,
         };
-        if parsed.get_password().is_some() {
+        if password_in_url {
             return Err(Error::Config(
                 "--db-url: a password in the URL is refused (logs and process lists show it); \
                  use --db-password-env or --db-password-file"
@@ -207,11 +253,13 @@ impl DbArgs {
             ));
         }
         Ok(Some(DbConfig {
+            backend,
             url: url.clone(),
             password,
             table,
             mode: self.db_mode,
-            offsets_table: self.db_offsets_table.clone(),
+            offsets_table,
+            layout,
             dlq_table,
             lineage_column: self.db_lineage_column.clone(),
             statement_timeout: self.db_statement_timeout,
@@ -219,5 +267,34 @@ impl DbArgs {
             owner: owner.to_string(),
             dlq_topic: dlq_topic.to_string(),
         }))
+    }
+}
+
+impl DbConfig {
+    /// What the sink opens.
+    pub fn target(&self) -> Target {
+        Target {
+            backend: self.backend,
+            url: self.url.clone(),
+            password: self.password.clone(),
+            bounds: crate::db::Bounds {
+                statement: self.statement_timeout,
+                // A commit's statements run back to back: an open transaction idle for
+                // longer is a zombie's (a paused process), whose locks a new owner's claim
+                // waits for.
+                idle_in_transaction: self.statement_timeout,
+            },
+            rows: self.table.clone(),
+            write: match self.mode {
+                DbMode::Upsert => Write::Upsert,
+                DbMode::Insert => Write::Insert,
+            },
+            lineage_column: self.lineage_column.clone(),
+            offsets: self.offsets_table.clone(),
+            layout: self.layout,
+            dead: self.dlq_table.clone(),
+            group: self.group.clone(),
+            owner: self.owner.clone(),
+        }
     }
 }

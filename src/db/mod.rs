@@ -1,248 +1,357 @@
-//! PostgreSQL, for the database sink (docs/database.md): one connection on a runtime of its
-//! own (the sink's loop is synchronous), every call bounded on the client side as well as the
-//! server's, and every failure with its SQLSTATE, so the sink can tell a deadlock from a bad
-//! row from a lost connection.
+//! The databases of the database sink (docs/database.md), behind one [`Session`]: a
+//! connection with the sink's three tables (the rows', the offsets', the dead letters'), every
+//! call bounded on the client side as well as the server's, and every failure classified
+//! ([`Kind`]), so the sink tells a deadlock from a bad row from a lost connection without
+//! knowing whose codes they are.
 //!
-//! [`offsets`] is the offsets table: each partition's next offset and its owner's epoch, moved
-//! by compare-and-set in the transaction that writes the rows; [`rows`] writes the rows.
+//! - [`postgres`]: PostgreSQL (tokio-postgres): SQLSTATEs, rows typed by
+//!   `json_populate_recordset`, epochs from a sequence.
+//! - [`mysql`]: MySQL and MariaDB (mysql_async): error numbers, rows typed by `JSON_TABLE`
+//!   and a strict `INSERT`, epochs from a one-row table; the offsets in exactly's table or in
+//!   the Spark recipes' `kafka_offset` ([`Layout`]).
+//!
+//! What both share is here: the offsets' protocol ([`Claimed`], [`Advance`]: a partition is
+//! claimed with a new epoch, and its offset moves only by compare-and-set on (the offset its
+//! owner last wrote, that epoch)), the dead-letter copy, and the search for the rows at fault
+//! in a refused batch ([`bisect`]).
 
-pub mod offsets;
-pub mod rows;
+pub mod mysql;
+pub mod postgres;
 
-use std::future::Future;
 use std::time::Duration;
 
-use tokio_postgres::{Client, NoTls};
+/// Which database a URL names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// `postgres://` or `postgresql://` (or a libpq key=value string).
+    Postgres,
+    /// `mysql://` or `mariadb://`.
+    Mysql,
+}
 
-/// A PostgreSQL call that failed.
+impl Backend {
+    /// The database `url` names, by its scheme.
+    pub fn of(url: &str) -> Result<Backend, String> {
+        let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+        match scheme.as_deref() {
+            Some("postgres" | "postgresql") => Ok(Backend::Postgres),
+            Some("mysql" | "mariadb") => Ok(Backend::Mysql),
+            // libpq's key=value form has no scheme.
+            None if url.contains('=') => Ok(Backend::Postgres),
+            _ => Err(
+                "not a database URL (postgres://user@host:port/db or mysql://user@host:port/db)"
+                    .into(),
+            ),
+        }
+    }
+}
+
+/// How the offsets table is laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// exactly's own: `(group_id, topic, partition, next_offset, owner_epoch, owner,
+    /// updated)`.
+    Exactly,
+    /// The Spark recipes' `kafka_offset(group_id, topic, partition_id, fromOffset,
+    /// untilOffset)`, the epochs beside it in `<table>_owner` (a Spark job's `REPLACE INTO`
+    /// would reset a column added to its table). MySQL and MariaDB only.
+    KafkaOffset,
+}
+
+/// How a batch of rows meets the rows already there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// A row replaces the one of its primary key; the last of a key in a batch wins.
+    Upsert,
+    /// A row whose key is taken (in the table or earlier in the batch) is the row's fault.
+    Insert,
+}
+
+/// What kind of failure a database call met, as the sink must react.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// The row's fault (a constraint, a type, a value too long): its name, for the DLQ
+    /// copy's headers (`CHECK_VIOLATION`).
+    Data(&'static str),
+    /// Another transaction's: a deadlock, a serialization failure, a lock wait too long.
+    /// Trying again may succeed.
+    Conflict,
+    /// The server refused the client: a wrong password, a database that does not exist.
+    Refused,
+    /// Something the configuration names is missing or may not be used: a table, a column,
+    /// a permission. No retry fixes it.
+    Setup,
+    /// Anything else (a statement past its bound, the server's own trouble).
+    Other,
+}
+
+/// A database call that failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct Failure {
-    /// The SQLSTATE, when the server said why (`40P01`: a deadlock).
+    /// What it means for the sink.
+    pub kind: Kind,
+    /// The server's code (PostgreSQL's SQLSTATE, MySQL's error number), when it said why.
     pub code: Option<String>,
     /// The connection is gone, or no longer to be trusted (a call past its bound: the server
-    /// may still run it, or a late cancel may hit the next one): nothing more goes through
-    /// it; connect again. A COMMIT that failed so has an unknown outcome (the offsets table
-    /// tells).
+    /// may still run it): nothing more goes through it; connect again. A COMMIT that failed
+    /// so has an unknown outcome (the offsets table tells).
     pub closed: bool,
     /// For people: the server's message and detail, or the client's.
     pub message: String,
 }
 
 impl Failure {
-    pub(crate) fn client(message: String) -> Failure {
+    /// A failure of the client's own (kind [`Kind::Other`]).
+    pub fn client(message: String) -> Failure {
         Failure {
+            kind: Kind::Other,
             code: None,
             closed: false,
             message,
         }
     }
 
-    /// Whether the server refused the statement for the data in it (classes 22, data, 23,
-    /// integrity constraints, and 54, a limit such as an index row too large): the row is at
-    /// fault, not the database.
-    pub fn is_data(&self) -> bool {
-        self.code
-            .as_deref()
-            .is_some_and(|c| c.starts_with("22") || c.starts_with("23") || c.starts_with("54"))
-    }
-
-    /// Whether trying the transaction again may succeed (class 40: serialization failures
-    /// and deadlocks).
-    pub fn is_retryable(&self) -> bool {
-        self.code.as_deref().is_some_and(|c| c.starts_with("40"))
-    }
-}
-
-impl From<tokio_postgres::Error> for Failure {
-    fn from(e: tokio_postgres::Error) -> Failure {
-        // Display says only "db error" for a server's error: its message is in the DbError.
-        let message = match e.as_db_error() {
-            Some(db) => match db.detail() {
-                Some(detail) => format!("{}: {detail}", db.message()),
-                None => db.message().to_string(),
-            },
-            None => e.to_string(),
-        };
-        // A FATAL (or PANIC) error ends the session: the server closes the connection after
-        // it (57P01 from pg_terminate_backend), though the client may not have seen it close.
-        let fatal = (e.as_db_error()).is_some_and(|db| {
-            matches!(
-                db.parsed_severity(),
-                Some(
-                    tokio_postgres::error::Severity::Fatal | tokio_postgres::error::Severity::Panic
-                )
-            )
-        });
+    /// A failure the connection does not survive.
+    pub(crate) fn lost(message: String) -> Failure {
         Failure {
-            code: e.code().map(|c| c.code().to_string()),
-            closed: e.is_closed() || fatal,
-            message,
+            closed: true,
+            ..Failure::client(message)
         }
     }
+
+    /// Whether the server refused the statement for the data in it: the row is at fault, not
+    /// the database.
+    pub fn is_data(&self) -> bool {
+        matches!(self.kind, Kind::Data(_))
+    }
+
+    /// Whether trying the transaction again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        self.kind == Kind::Conflict
+    }
 }
 
-/// How much longer than the server's bound the client waits.
-const CLIENT_MARGIN: Duration = Duration::from_secs(1);
-
 /// How long the server lets one statement, one lock wait and an idle transaction run, and
-/// how long the client waits for any answer.
+/// how long the client waits for any answer (a second longer).
 #[derive(Clone, Copy, Debug)]
 pub struct Bounds {
-    /// The server's `statement_timeout` and `lock_timeout`, and the client's wait.
+    /// The server's bound on a statement and a lock wait, and the client's wait.
     pub statement: Duration,
-    /// The server's `idle_in_transaction_session_timeout`: a zombie's open transaction ends.
+    /// The server's bound on an idle open transaction: a zombie's transaction ends.
     pub idle_in_transaction: Duration,
 }
 
-/// One connection to PostgreSQL.
-pub struct Db {
-    /// Always `Some` but in `drop`, which shuts it down without waiting.
-    runtime: Option<tokio::runtime::Runtime>,
-    client: Client,
-    bounds: Bounds,
-    /// A call ran past its bound: the connection is not used again.
-    poisoned: std::sync::atomic::AtomicBool,
+impl Bounds {
+    /// How long the client waits for an answer: the server's bound and a second.
+    pub fn client_wait(&self) -> Duration {
+        self.statement + Duration::from_secs(1)
+    }
+
+    fn check(&self) -> Result<(), Failure> {
+        if self.statement.is_zero() || self.idle_in_transaction.is_zero() {
+            // 0 is "no bound" to the servers: every call is bounded.
+            return Err(Failure::client("a database bound of 0".into()));
+        }
+        Ok(())
+    }
 }
 
-impl Db {
-    /// Connects to `url` (a libpq URL or key=value string), with `password` if given (kept out
-    /// of the URL, so logs never show it).
-    pub fn connect(url: &str, password: Option<&str>, bounds: Bounds) -> Result<Db, Failure> {
-        if bounds.statement.is_zero() || bounds.idle_in_transaction.is_zero() {
-            // 0 is "no bound" to the server: every call is bounded.
-            return Err(Failure::client("a PostgreSQL bound of 0".into()));
-        }
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| Failure::client(format!("a runtime for PostgreSQL: {e}")))?;
-        let mut config: tokio_postgres::Config = url
-            .parse()
-            .map_err(|e| Failure::client(format!("not a PostgreSQL URL: {e}")))?;
-        if let Some(p) = password {
-            config.password(p);
-        }
-        let ms = |d: Duration| d.as_millis().max(1);
-        // The URL's own options (a search_path) stay; the bounds come after them, and win.
-        let options = format!(
-            "{} -c statement_timeout={} -c lock_timeout={} -c idle_in_transaction_session_timeout={} \
-             -c client_min_messages=warning",
-            config.get_options().unwrap_or_default(),
-            ms(bounds.statement),
-            ms(bounds.statement),
-            ms(bounds.idle_in_transaction),
-        );
-        if config.get_application_name().is_none() {
-            config.application_name("exactly");
-        }
-        config
-            .connect_timeout(bounds.statement)
-            .options(options.trim_start());
-        // A timer needs the runtime: made inside it.
-        let connect = async { tokio::time::timeout(bounds.statement, config.connect(NoTls)).await };
-        let (client, connection) = match runtime.block_on(connect) {
-            Ok(connected) => connected?,
-            Err(_) => {
-                return Err(Failure::client(format!(
-                    "no connection within {:?}",
-                    bounds.statement
-                )));
-            }
-        };
-        // The connection's own task: it moves the messages, and ends when the server goes.
-        runtime.spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::warn!(error = %Failure::from(e), "the PostgreSQL connection ended");
-            }
-        });
-        Ok(Db {
-            runtime: Some(runtime),
-            client,
-            bounds,
-            poisoned: std::sync::atomic::AtomicBool::new(false),
-        })
-    }
+/// A partition claimed: where its records start, and the epoch that may move it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Claimed {
+    /// The partition.
+    pub partition: i32,
+    /// Its next offset; `None`: neither the table nor the group had one (start by the
+    /// consumer's reset policy).
+    pub next: Option<i64>,
+    /// The claim's epoch.
+    pub epoch: i64,
+}
 
-    /// Runs `work` with the client, bounded: the server ends a statement past its bound itself
-    /// (`57014`); the client waits a second longer, for a server that does not answer at all,
-    /// then cancels the query on the server and fails the call (the client has no query
-    /// timeout of its own).
-    pub fn call<'s, T, F>(&'s self, work: impl FnOnce(&'s Client) -> F) -> Result<T, Failure>
-    where
-        F: Future<Output = Result<T, tokio_postgres::Error>> + 's,
-    {
-        use std::sync::atomic::Ordering;
-        if self.poisoned.load(Ordering::SeqCst) {
-            return Err(Failure {
-                closed: true,
-                ..Failure::client("this connection ran past a bound earlier: connect again".into())
-            });
-        }
-        let wait = self.bounds.statement + CLIENT_MARGIN;
-        let work = work(&self.client);
-        let Some(runtime) = &self.runtime else {
-            return Err(Failure::client("the connection is closing".into()));
-        };
-        match runtime.block_on(async { tokio::time::timeout(wait, work).await }) {
-            Ok(done) => done.map_err(|e| {
-                let mut failure = Failure::from(e);
-                // A FATAL error (57P01 from pg_terminate_backend, 25P03) ends the connection.
-                failure.closed |= self.client.is_closed();
-                failure
-            }),
-            Err(_) => {
-                self.poisoned.store(true, Ordering::SeqCst);
-                let cancel = self.client.cancel_token();
-                let cancelled = runtime.block_on(async {
-                    tokio::time::timeout(wait, cancel.cancel_query(NoTls)).await
-                });
-                let how = match cancelled {
-                    Ok(Ok(())) => "cancelled",
-                    _ => "could not be cancelled",
-                };
-                Err(Failure {
-                    closed: true,
-                    ..Failure::client(format!("no answer within {wait:?}; the query {how}"))
-                })
-            }
-        }
-    }
+/// A partition's offset to move, in the open transaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Advance {
+    /// The partition.
+    pub partition: i32,
+    /// The offset this owner last wrote (or claimed).
+    pub from: Option<i64>,
+    /// The next offset now.
+    pub to: i64,
+    /// The owner's epoch.
+    pub epoch: i64,
+}
 
+/// What a batch of rows could not write.
+#[derive(Debug)]
+pub enum Unwritten {
+    /// These rows (their indexes) are refused for what they hold; the others are written.
+    Rows(Vec<(usize, Failure)>),
+    /// The batch is not written (the database's failure, not a row's).
+    Batch(Failure),
+}
+
+/// One dead-letter copy, a row of the dead-letter table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// Why (a reason name), from the copy's headers.
+    pub reason: Option<String>,
+    /// The lineage of its input.
+    pub lineage: Option<String>,
+    /// Key bytes.
+    pub key: Option<Vec<u8>>,
+    /// Value bytes.
+    pub value: Option<Vec<u8>>,
+    /// The headers, a JSON array of `[name, value]` text pairs in order.
+    pub headers: String,
+}
+
+/// What to open: the database, the tables, and how rows are written.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// Which database.
+    pub backend: Backend,
+    /// Its URL, without a password.
+    pub url: String,
+    /// The password, kept out of the URL.
+    pub password: Option<String>,
+    /// The server's bounds, and the client's.
+    pub bounds: Bounds,
+    /// The rows' table (`table` or `schema.table`).
+    pub rows: String,
+    /// How rows are written.
+    pub write: Write,
+    /// A text column of the rows' table that takes each row's lineage.
+    pub lineage_column: Option<String>,
+    /// The offsets table, and its layout.
+    pub offsets: String,
+    /// Its layout.
+    pub layout: Layout,
+    /// The dead-letter table.
+    pub dead: String,
+    /// The group whose offsets the table keeps.
+    pub group: String,
+    /// This instance, as the offsets table names a partition's owner.
+    pub owner: String,
+}
+
+/// Which table (or the connection) an opening failed at, to name its flag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Connecting.
+    Connect,
+    /// The offsets table.
+    Offsets,
+    /// The dead-letter table.
+    Dead,
+    /// The rows' table.
+    Rows,
+}
+
+/// Why [`open`] did not open.
+#[derive(Debug)]
+pub struct NotOpen {
+    /// Where.
+    pub step: Step,
+    /// What failed.
+    pub failure: Failure,
+}
+
+/// A connection to the database with the sink's tables, described and checked: what the
+/// sink does in a commit's transaction, and around it.
+///
+/// Calls are synchronous and bounded ([`Bounds`]); a failure with `closed` leaves the
+/// session unusable ([`Session::usable`]), and the sink opens another.
+pub trait Session: Send {
     /// Whether calls can go through this connection: it is open, and no call ran past its
     /// bound on it.
-    pub fn usable(&self) -> bool {
-        !self.poisoned.load(std::sync::atomic::Ordering::SeqCst) && !self.client.is_closed()
-    }
-
-    /// Runs `sql` (statements without parameters, `BEGIN`, `COMMIT`), bounded.
-    pub fn batch(&self, sql: &str) -> Result<(), Failure> {
-        self.call(|c| c.batch_execute(sql))
-    }
+    fn usable(&self) -> bool;
+    /// Opens a transaction; `immediate`: deferred constraints are checked at each statement
+    /// (a COMMIT was refused for them).
+    fn begin(&self, immediate: bool) -> Result<(), Failure>;
+    /// Writes `rows` (each a JSON object's text: field → column, typed by the server from
+    /// the text as written; a field missing is NULL, one without a column ignored) with
+    /// their indexes, in the open transaction, sorted by key (writers of one table lock its
+    /// rows in one order). Rows refused for their data are found and named; the others are
+    /// written.
+    fn write_rows(&self, rows: &[(usize, String)]) -> Result<(), Unwritten>;
+    /// Writes dead-letter `copies` in the open transaction.
+    fn write_dead(&self, copies: &[DeadLetter]) -> Result<(), Failure>;
+    /// Moves the offsets of `topic` in the open transaction, each by compare-and-set on its
+    /// old offset and epoch: the partitions that did not move (another owner claimed them
+    /// since). With any, the transaction must roll back. A partition twice is refused.
+    fn advance(&self, topic: &str, moves: &[Advance]) -> Result<Vec<i32>, Failure>;
+    /// Commits the open transaction.
+    fn commit(&self) -> Result<(), Failure>;
+    /// Rolls the open transaction back.
+    fn rollback(&self) -> Result<(), Failure>;
+    /// What the offsets table holds for `partitions` of `topic`, for the rows there are.
+    fn read(&self, topic: &str, partitions: &[i32]) -> Result<Vec<Claimed>, Failure>;
+    /// Claims `partitions` of `topic` (each with its seed, the group's Kafka offset, for a
+    /// row that is missing) in a transaction of its own: where each starts, and its new
+    /// epoch, by partition.
+    fn claim(
+        &self,
+        topic: &str,
+        partitions: &[(i32, Option<i64>)],
+    ) -> Result<Vec<Claimed>, Failure>;
 }
 
-/// Whether the relation `quoted` (a quoted identifier) exists.
-fn exists(db: &Db, quoted: &str) -> Result<bool, Failure> {
-    let row = db.call(|c| async move {
-        c.query_one("SELECT to_regclass($1) IS NOT NULL", &[&quoted])
-            .await
+/// Connects to `target`'s database, creates the offsets and dead-letter tables if they are
+/// missing, and checks the rows' table: a key for upserts, the lineage column.
+pub fn open(target: &Target) -> Result<Box<dyn Session>, NotOpen> {
+    target.bounds.check().map_err(|failure| NotOpen {
+        step: Step::Connect,
+        failure,
     })?;
-    Ok(row.try_get(0)?)
-}
-
-impl Drop for Db {
-    /// The runtime goes without waiting for its tasks (a DNS lookup in a blocking thread
-    /// would hold a plain drop without bound); the connection's task ends with it.
-    fn drop(&mut self) {
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
+    let (session, table): (Box<dyn Session>, Described) = match target.backend {
+        Backend::Postgres => {
+            let (s, t) = postgres::Pg::open(target)?;
+            (Box::new(s), t)
         }
+        Backend::Mysql => {
+            let (s, t) = mysql::My::open(target)?;
+            (Box::new(s), t)
+        }
+    };
+    let setup = |message: String| NotOpen {
+        step: Step::Rows,
+        failure: Failure {
+            kind: Kind::Setup,
+            ..Failure::client(message)
+        },
+    };
+    if target.write == Write::Upsert && table.key.is_empty() {
+        return Err(setup(format!(
+            "table {} has no primary key that rows set (none, or one the server generates): \
+             rows are upserted by it (or choose --db-mode insert)",
+            target.rows
+        )));
     }
+    if let Some(column) = &target.lineage_column
+        && !table.columns.contains(column)
+    {
+        return Err(setup(format!(
+            "table {} has no column '{column}'",
+            target.rows
+        )));
+    }
+    Ok(session)
 }
 
-/// `name` as an SQL identifier: `schema.table` or `table`, each part letters, digits and `_`,
-/// quoted (so a name is never SQL).
-pub fn identifier(name: &str) -> Result<String, String> {
+/// The rows' table as the catalog describes it: the columns a row can set, and the primary
+/// key's (empty when the server makes it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Described {
+    /// Columns, in the table's order.
+    pub columns: Vec<String>,
+    /// The primary key's columns, in the key's order.
+    pub key: Vec<String>,
+}
+
+/// `name` as the parts of an SQL name: `schema.table` or `table`, each part letters, digits
+/// and `_` (so a name is never SQL, whatever it is quoted with).
+pub fn name_parts(name: &str) -> Result<Vec<&str>, String> {
     let parts: Vec<&str> = name.split('.').collect();
     let plain = |p: &str| {
         p.chars()
@@ -256,49 +365,199 @@ pub fn identifier(name: &str) -> Result<String, String> {
             "'{name}' is not a table name (letters, digits and _, optionally schema.table)"
         ));
     }
-    Ok(parts
-        .iter()
-        .map(|p| format!("\"{p}\""))
-        .collect::<Vec<_>>()
-        .join("."))
+    Ok(parts)
+}
+
+/// A refused batch's rows written again in halves, each under a savepoint, down to the rows
+/// at fault, which go to `refused`: a few statements per bad row (about 2 log n), not one
+/// per row of the batch. Halves go in order, so the last of a key still wins. `write` writes
+/// some rows; `savepoint` runs one of the savepoint statements.
+pub(crate) fn bisect(
+    rows: &[&(usize, String)],
+    write: &impl Fn(&[&(usize, String)]) -> Result<(), Failure>,
+    savepoint: &impl Fn(Savepoint) -> Result<(), Failure>,
+    refused: &mut Vec<(usize, Failure)>,
+) -> Result<(), Failure> {
+    savepoint(Savepoint::Set)?;
+    match write(rows) {
+        Ok(()) => savepoint(Savepoint::Release),
+        Err(e) if !e.is_data() => Err(e),
+        Err(e) => {
+            savepoint(Savepoint::Undo)?;
+            if let [row] = rows {
+                refused.push((row.0, e));
+                return Ok(());
+            }
+            let (first, second) = rows.split_at(rows.len() / 2);
+            bisect(first, write, savepoint, refused)?;
+            bisect(second, write, savepoint, refused)
+        }
+    }
+}
+
+/// The savepoint statements [`bisect`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Savepoint {
+    /// Set one.
+    Set,
+    /// Keep what was written since.
+    Release,
+    /// Undo what was written since, and release it.
+    Undo,
+}
+
+/// [`bisect`] over a whole batch: `Ok` when every row is written.
+pub(crate) fn write_all(
+    rows: &[(usize, String)],
+    write: &impl Fn(&[&(usize, String)]) -> Result<(), Failure>,
+    savepoint: &impl Fn(Savepoint) -> Result<(), Failure>,
+) -> Result<(), Unwritten> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let all: Vec<&(usize, String)> = rows.iter().collect();
+    let mut refused = Vec::new();
+    bisect(&all, write, savepoint, &mut refused).map_err(Unwritten::Batch)?;
+    if refused.is_empty() {
+        return Ok(());
+    }
+    Err(Unwritten::Rows(refused))
+}
+
+/// The partitions of `moves`, refused when one comes twice.
+pub(crate) fn partitions_once(moves: &[Advance]) -> Result<Vec<i32>, Failure> {
+    let ps: Vec<i32> = moves.iter().map(|m| m.partition).collect();
+    let mut sorted = ps.clone();
+    sorted.sort_unstable();
+    if sorted.windows(2).any(|w| w[0] == w[1]) {
+        return Err(Failure::client(format!(
+            "a partition twice in one advance: {ps:?}"
+        )));
+    }
+    Ok(ps)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::RefCell;
 
     #[test]
-    fn names_become_quoted_identifiers_and_anything_else_is_refused() {
-        assert_eq!(
-            identifier("exactly_offsets").unwrap(),
-            "\"exactly_offsets\""
-        );
-        assert_eq!(
-            identifier("sink.Offsets_2").unwrap(),
-            "\"sink\".\"Offsets_2\""
-        );
+    fn names_are_letters_digits_and_underscores_in_at_most_two_parts() {
+        assert_eq!(name_parts("exactly_offsets").unwrap(), ["exactly_offsets"]);
+        assert_eq!(name_parts("sink.Offsets_2").unwrap(), ["sink", "Offsets_2"]);
         for bad in [
             "",
             "a.b.c",
             "1abc",
             "a-b",
             "a\"; drop table x; --",
+            "a`b",
             "a.",
             &"x".repeat(64),
         ] {
-            assert!(identifier(bad).is_err(), "{bad}");
+            assert!(name_parts(bad).is_err(), "{bad}");
         }
     }
 
     #[test]
-    fn failures_say_whose_they_are() {
-        let of = |code: &str| Failure {
-            code: Some(code.into()),
-            closed: false,
-            message: String::new(),
+    fn urls_name_their_database_by_scheme() {
+        assert_eq!(Backend::of("postgres://u@h/db"), Ok(Backend::Postgres));
+        assert_eq!(Backend::of("postgresql://u@h/db"), Ok(Backend::Postgres));
+        assert_eq!(
+            Backend::of("host=h user=u dbname=db"),
+            Ok(Backend::Postgres)
+        );
+        assert_eq!(Backend::of("mysql://u@h:3306/db"), Ok(Backend::Mysql));
+        assert_eq!(Backend::of("MariaDB://u@h/db"), Ok(Backend::Mysql));
+        assert!(Backend::of("redis://h").is_err());
+        assert!(Backend::of("h:5432").is_err());
+    }
+
+    fn bad(name: &'static str) -> Failure {
+        Failure {
+            kind: Kind::Data(name),
+            ..Failure::client("refused".into())
+        }
+    }
+
+    /// A fake table: a row whose text contains "bad" is refused, the rest written, and the
+    /// savepoints undo what they cover.
+    struct Fake {
+        written: RefCell<Vec<usize>>,
+        marks: RefCell<Vec<usize>>,
+        statements: RefCell<usize>,
+    }
+
+    impl Fake {
+        fn write(&self, rows: &[&(usize, String)]) -> Result<(), Failure> {
+            *self.statements.borrow_mut() += 1;
+            if rows.iter().any(|r| r.1.contains("bad")) {
+                return Err(bad("CHECK_VIOLATION"));
+            }
+            self.written.borrow_mut().extend(rows.iter().map(|r| r.0));
+            Ok(())
+        }
+
+        fn savepoint(&self, s: Savepoint) -> Result<(), Failure> {
+            match s {
+                Savepoint::Set => self.marks.borrow_mut().push(self.written.borrow().len()),
+                Savepoint::Release => drop(self.marks.borrow_mut().pop()),
+                Savepoint::Undo => {
+                    let mark = self.marks.borrow_mut().pop().unwrap();
+                    self.written.borrow_mut().truncate(mark);
+                }
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_refused_batch_is_written_in_halves_down_to_the_rows_at_fault_in_order() {
+        let fake = Fake {
+            written: RefCell::default(),
+            marks: RefCell::default(),
+            statements: RefCell::default(),
         };
-        assert!(of("23505").is_data() && of("22P02").is_data() && !of("40P01").is_data());
-        assert!(of("40P01").is_retryable() && of("40001").is_retryable());
-        assert!(!of("57P01").is_retryable() && !Failure::client("x".into()).is_data());
+        let rows: Vec<(usize, String)> = (0..1000)
+            .map(|i| (i, if i == 637 || i == 2 { "bad" } else { "ok" }.into()))
+            .collect();
+        let got = write_all(&rows, &|r| fake.write(r), &|s| fake.savepoint(s));
+        let Err(Unwritten::Rows(refused)) = got else {
+            panic!("{got:?}")
+        };
+        let named: Vec<(usize, Kind)> = refused.iter().map(|(i, f)| (*i, f.kind)).collect();
+        assert_eq!(
+            named,
+            [
+                (2, Kind::Data("CHECK_VIOLATION")),
+                (637, Kind::Data("CHECK_VIOLATION"))
+            ]
+        );
+        let expected: Vec<usize> = (0..1000).filter(|i| *i != 637 && *i != 2).collect();
+        assert_eq!(
+            *fake.written.borrow(),
+            expected,
+            "every other row, in order"
+        );
+        let statements = *fake.statements.borrow();
+        assert!(statements < 50, "{statements} statements for two bad rows");
+        // The database's own failure is no row's: the batch fails.
+        let other = write_all(&rows[..3], &|_| Err(Failure::client("x".into())), &|_| {
+            Ok(())
+        });
+        assert!(matches!(other, Err(Unwritten::Batch(_))), "{other:?}");
+    }
+
+    #[test]
+    fn a_partition_twice_in_one_advance_is_refused() {
+        let m = |partition| Advance {
+            partition,
+            from: None,
+            to: 1,
+            epoch: 1,
+        };
+        assert_eq!(partitions_once(&[m(2), m(0)]).unwrap(), [2, 0]);
+        assert!(partitions_once(&[m(0), m(2), m(0)]).is_err());
     }
 }

@@ -1,5 +1,6 @@
-//! The database sink: outputs become rows of a PostgreSQL table, and the group's offsets live
-//! in the same database, moved in the transaction that writes the rows (docs/database.md).
+//! The database sink: outputs become rows of a PostgreSQL, MySQL or MariaDB table, and the
+//! group's offsets live in the same database, moved in the transaction that writes the rows
+//! (docs/database.md). What differs between the databases is behind [`db::Session`].
 //!
 //! A unit's rows wait in memory until its commit, which is one database transaction: the
 //! rows, the dead-letter copies, then each partition's offset moved by compare-and-set on (the
@@ -25,10 +26,8 @@ use super::{
     Bounds, Committed, Failed, Group, NotConnected, Record, Rejection, Sink, Starts, Unreadable,
 };
 use crate::config::TestSwitches;
-use crate::config::db::{DbConfig, DbMode};
-use crate::db::offsets::{Advance, Offsets};
-use crate::db::rows::{DeadLetter, DeadLetters, Table, Unwritten};
-use crate::db::{self, Db, Failure};
+use crate::config::db::DbConfig;
+use crate::db::{self, Advance, DeadLetter, Failure, Kind, NotOpen, Session, Step, Unwritten};
 use crate::error::Error;
 use crate::events::AbortReason;
 use crate::headers::{ERROR_REASON, LINEAGE};
@@ -45,14 +44,13 @@ struct Claim {
 /// The database sink.
 pub struct Database {
     config: DbConfig,
+    /// What to open.
+    target: db::Target,
     /// The names records are addressed to: rows, and dead-letter copies.
     output: String,
     dlq: String,
-    offsets: Offsets,
-    dead: DeadLetters,
     /// `None` until connected, and after the connection was lost.
-    db: Option<Db>,
-    table: Option<Table>,
+    db: Option<Box<dyn Session>>,
     /// The open unit: rows (with their send's index), dead-letter copies, and the sends
     /// refused before any reached the database.
     rows: Vec<(usize, String)>,
@@ -73,18 +71,12 @@ impl Database {
     /// Not connected yet. `output`: the name outputs are addressed to; `test`: failures on
     /// purpose.
     pub fn new(config: &DbConfig, output: &str, test: &TestSwitches) -> Result<Database, Error> {
-        let offsets = Offsets::new(&config.offsets_table, &config.group, &config.owner)
-            .map_err(|e| Error::Config(format!("--db-offsets-table: {e}")))?;
-        let dead = DeadLetters::new(&config.dlq_table)
-            .map_err(|e| Error::Config(format!("--db-dlq-table: {e}")))?;
         Ok(Database {
             config: config.clone(),
+            target: config.target(),
             output: output.to_string(),
             dlq: config.dlq_topic.clone(),
-            offsets,
-            dead,
             db: None,
-            table: None,
             rows: Vec::new(),
             copies: Vec::new(),
             rejections: Vec::new(),
@@ -100,67 +92,34 @@ impl Database {
     }
 
     /// A connection, checked: the tables there, the rows' table as the catalog has it.
-    fn open(&self) -> Result<(Db, Table), NotConnected> {
-        let c = &self.config;
-        let limits = db::Bounds {
-            statement: c.statement_timeout,
-            // A commit's statements run back to back: an open transaction idle for longer
-            // is a zombie's (a paused process), whose locks a new owner's claim waits for.
-            idle_in_transaction: c.statement_timeout,
-        };
-        let password = c.password.as_deref();
-        let db = Db::connect(&c.url, password, limits).map_err(|f| match f.code.as_deref() {
-            Some(code) if code.starts_with("28") || code == "3D000" => {
-                NotConnected::Refused(format!("--db-url: {f}"))
+    fn open(&self) -> Result<Box<dyn Session>, NotConnected> {
+        db::open(&self.target).map_err(|NotOpen { step, failure }| {
+            let flag = match step {
+                Step::Connect => "--db-url",
+                Step::Offsets => "--db-offsets-table",
+                Step::Dead => "--db-dlq-table",
+                Step::Rows => "--db-table",
+            };
+            let why = format!("{flag}: {failure}");
+            match failure.kind {
+                // A password or a database name only a person can mend; at start, it stops
+                // exactly; once running, a rotation may be under way.
+                Kind::Refused if step == Step::Connect => NotConnected::Refused(why),
+                Kind::Refused | Kind::Setup => NotConnected::Exit(Error::Config(why)),
+                _ => NotConnected::Retry(why),
             }
-            _ => NotConnected::Retry(format!("--db-url: {f}")),
-        })?;
-        let setup = |f: Failure, flag: &str| match f.code.as_deref() {
-            Some(code) if code == "42501" || code.starts_with("28") => {
-                NotConnected::Exit(Error::Config(format!("{flag}: {f}")))
-            }
-            _ => NotConnected::Retry(format!("{flag}: {f}")),
-        };
-        (self.offsets.create(&db)).map_err(|f| setup(f, "--db-offsets-table"))?;
-        (self.dead.create(&db)).map_err(|f| setup(f, "--db-dlq-table"))?;
-        let table = match Table::describe(&db, &c.table) {
-            Ok(t) => t,
-            // The server answers, so the table is what is wrong.
-            Err(e) if db.batch("SELECT 1").is_ok() => {
-                return Err(NotConnected::Exit(Error::Config(format!(
-                    "--db-table: {e}"
-                ))));
-            }
-            Err(e) => return Err(NotConnected::Retry(format!("--db-table: {e}"))),
-        };
-        if c.mode == DbMode::Upsert
-            && let Err(e) = table.upsertable()
-        {
-            return Err(NotConnected::Exit(Error::Config(format!(
-                "--db-table: {e}"
-            ))));
-        }
-        if let Some(column) = &c.lineage_column
-            && !table.columns().contains(column)
-        {
-            return Err(NotConnected::Exit(Error::Config(format!(
-                "--db-lineage-column: table {} has no column '{column}'",
-                c.table
-            ))));
-        }
-        Ok((db, table))
+        })
     }
 
     /// Connects again if the connection was lost.
     fn ensure(&mut self) -> Result<(), Failed> {
-        if self.db.as_ref().is_some_and(Db::usable) {
+        if self.db.as_ref().is_some_and(|db| db.usable()) {
             return Ok(());
         }
         self.db = None;
         match self.open() {
-            Ok((db, table)) => {
+            Ok(db) => {
                 self.db = Some(db);
-                self.table = Some(table);
                 Ok(())
             }
             Err(NotConnected::Exit(e)) => Err(Failed::Exit(e)),
@@ -172,16 +131,16 @@ impl Database {
     }
 
     /// The connection (after [`Database::ensure`]).
-    fn connected(&self) -> Result<&Db, Failed> {
+    fn connected(&self) -> Result<&dyn Session, Failed> {
         self.db
-            .as_ref()
+            .as_deref()
             .ok_or(Failed::Recreate(AbortReason::DatabaseUnavailable))
     }
 
     /// Ends the open transaction, if the connection still stands.
     fn rollback(&mut self) {
         if let Some(db) = &self.db
-            && let Err(e) = db.batch("ROLLBACK")
+            && let Err(e) = db.rollback()
             && e.closed
         {
             self.db = None;
@@ -200,11 +159,10 @@ impl Database {
             self.db = None;
             return Failed::Recreate(AbortReason::DatabaseUnavailable);
         }
-        let code = f.code.as_deref().unwrap_or_default();
-        if code == "42501" || code == "42P01" || code == "42703" || code.starts_with("28") {
+        if matches!(f.kind, Kind::Setup | Kind::Refused) {
             return Failed::Exit(Error::Config(format!("--db-url: {doing}: {f}")));
         }
-        warn!(error = %f, code, doing, "the database failed the transaction; aborting");
+        warn!(error = %f, code = ?f.code, doing, "the database failed the transaction; aborting");
         if f.is_retryable() {
             Failed::Abort(AbortReason::DatabaseConflict)
         } else {
@@ -247,24 +205,11 @@ impl Database {
         self.ensure()?;
         let db = self.connected()?;
         // After a COMMIT refused for its data (a deferred constraint), constraints are
-        // checked at each statement, so the row-by-row retry finds the row.
-        let begin = if self.immediate {
-            "BEGIN; SET CONSTRAINTS ALL IMMEDIATE"
-        } else {
-            "BEGIN"
-        };
-        if let Err(f) = db.batch(begin) {
+        // checked at each statement, so the search for the rows at fault finds the row.
+        if let Err(f) = db.begin(self.immediate) {
             return Err(self.failed(f, "beginning"));
         }
-        let table = self
-            .table
-            .as_ref()
-            .ok_or(Failed::Abort(AbortReason::DatabaseFailed))?;
-        let written = match self.config.mode {
-            DbMode::Upsert => table.upsert(db, &rows),
-            DbMode::Insert => table.insert(db, &rows),
-        };
-        match written {
+        match db.write_rows(&rows) {
             Ok(()) => {}
             Err(Unwritten::Rows(refused)) => {
                 for (index, f) in &refused {
@@ -273,7 +218,10 @@ impl Database {
                 self.rejections
                     .extend(refused.iter().map(|(index, f)| Rejection {
                         index: *index,
-                        error: sqlstate_name(f.code.as_deref()),
+                        error: match f.kind {
+                            Kind::Data(name) => name,
+                            _ => "DATA_EXCEPTION",
+                        },
                         named: true,
                         alone: true,
                     }));
@@ -282,11 +230,11 @@ impl Database {
             }
             Err(Unwritten::Batch(f)) => return Err(self.failed(f, "writing rows")),
         }
-        if let Err(f) = self.dead.write(db, &copies) {
+        if let Err(f) = db.write_dead(&copies) {
             return Err(self.failed(f, "writing dead-letter copies"));
         }
         for (topic, moves) in moves {
-            match self.offsets.advance(db, topic, moves) {
+            match db.advance(topic, moves) {
                 Ok(fenced) if fenced.is_empty() => {}
                 Ok(fenced) => {
                     // Whose they are now the rewind's read of the table tells: a row of
@@ -305,7 +253,7 @@ impl Database {
                 Err(f) => return Err(self.failed(f, "moving offsets")),
             }
         }
-        match db.batch("COMMIT") {
+        match db.commit() {
             Ok(()) if self.lose_answer() => {
                 warn!("--test-lose-db-commit-answers: the COMMIT's answer is lost");
                 self.db = None;
@@ -332,10 +280,9 @@ impl Database {
 impl Sink for Database {
     fn connect(&mut self, _bounds: &Bounds) -> Result<(), NotConnected> {
         self.db = None;
-        let (db, table) = self.open()?;
+        let db = self.open()?;
         info!(table = %self.config.table, offsets = %self.config.offsets_table, "connected to the database");
         self.db = Some(db);
-        self.table = Some(table);
         Ok(())
     }
 
@@ -471,7 +418,7 @@ impl Sink for Database {
         }
         let mut rows = HashMap::new();
         for (topic, ps) in by_topic {
-            let read = self.offsets.read(db, topic, &ps);
+            let read = db.read(topic, &ps);
             let read = read.map_err(|f| Unreadable::Retry(format!("the offsets table: {f}")))?;
             rows.extend(
                 read.into_iter()
@@ -509,7 +456,7 @@ impl Sink for Database {
         for (topic, ps) in by_topic {
             self.ensure()?;
             let db = self.connected()?;
-            let there = match self.offsets.read(db, &topic, &ps) {
+            let there = match db.read(&topic, &ps) {
                 Ok(rows) => rows,
                 Err(f) => return Err(self.failed(f, "reading the offsets table")),
             };
@@ -531,7 +478,7 @@ impl Sink for Database {
             let wanted: Vec<(i32, Option<i64>)> = ps.iter().map(|p| (*p, seed(*p))).collect();
             self.ensure()?;
             let db = self.connected()?;
-            let claimed = match self.offsets.claim(db, &topic, &wanted) {
+            let claimed = match db.claim(&topic, &wanted) {
                 Ok(c) => c,
                 Err(f) => return Err(self.failed(f, "claiming partitions")),
             };
@@ -587,22 +534,6 @@ fn dead_letter(out: &Outgoing<'_>) -> DeadLetter {
     }
 }
 
-/// A name for the DLQ copy's headers of why the database refused a row (`exactly.error.broker`).
-fn sqlstate_name(code: Option<&str>) -> &'static str {
-    match code.unwrap_or_default() {
-        "23505" => "UNIQUE_VIOLATION",
-        "23502" => "NOT_NULL_VIOLATION",
-        "23503" => "FOREIGN_KEY_VIOLATION",
-        "23514" => "CHECK_VIOLATION",
-        "22P02" => "INVALID_TEXT_REPRESENTATION",
-        "22003" => "NUMERIC_VALUE_OUT_OF_RANGE",
-        "22001" => "STRING_DATA_RIGHT_TRUNCATION",
-        "22007" | "22008" => "INVALID_DATETIME",
-        c if c.starts_with("23") => "INTEGRITY_CONSTRAINT_VIOLATION",
-        _ => "DATA_EXCEPTION",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -644,11 +575,13 @@ mod tests {
 
     fn sink(lineage: Option<&str>) -> Database {
         let config = DbConfig {
+            backend: db::Backend::Postgres,
             url: "postgres://x@127.0.0.1:1/db".into(),
             password: None,
             table: "rows".into(),
-            mode: DbMode::Upsert,
+            mode: crate::config::db::DbMode::Upsert,
             offsets_table: "exactly_offsets".into(),
+            layout: db::Layout::Exactly,
             dlq_table: "rows_dlq".into(),
             lineage_column: lineage.map(str::to_string),
             statement_timeout: Duration::from_secs(1),
@@ -722,15 +655,5 @@ mod tests {
             db.send(elsewhere, &bounds),
             Err(Failed::Unroutable { .. })
         ));
-    }
-
-    #[test]
-    fn refusals_are_named_by_their_sqlstate() {
-        assert_eq!(sqlstate_name(Some("23505")), "UNIQUE_VIOLATION");
-        assert_eq!(
-            sqlstate_name(Some("23P01")),
-            "INTEGRITY_CONSTRAINT_VIOLATION"
-        );
-        assert_eq!(sqlstate_name(Some("22012")), "DATA_EXCEPTION");
     }
 }

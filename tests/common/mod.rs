@@ -14,6 +14,8 @@
 //! - `http`: a running exactly's endpoints: GET, and metric samples out of `/metrics`.
 //! - `checks`: assertions and waits: committed offsets, settled transactions, the exactly-once
 //!   check, and the metric families exactly exports.
+//! - `sql`: the test databases (PostgreSQL and MariaDB) reached one way, for the database
+//!   sink's tests.
 //!
 //! Everything is re-exported here, so tests use `common::name` whichever file holds it.
 
@@ -25,6 +27,7 @@ mod checks;
 mod data;
 mod http;
 mod process;
+mod sql;
 
 // Each test crate uses only some of the helpers: a re-export it does not use is no warning.
 #[allow(unused_imports)]
@@ -39,3 +42,5 @@ pub use data::*;
 pub use http::*;
 #[allow(unused_imports)]
 pub use process::*;
+#[allow(unused_imports)]
+pub use sql::*;

@@ -9,7 +9,8 @@
 //! and 54) is written again in halves under savepoints, down to the rows at fault; the others
 //! are written.
 
-use super::{Db, Failure, identifier};
+use super::{Db, identifier};
+use crate::db::{DeadLetter, Described, Failure, Kind, Savepoint, Unwritten, Write, write_all};
 
 /// A table as the catalog describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,40 +20,31 @@ pub struct Table {
     key: Vec<String>,
 }
 
-/// How a batch meets the rows already there.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Write {
-    Upsert,
-    Insert,
-}
-
-/// What `upsert` could not write.
-#[derive(Debug)]
-pub enum Unwritten {
-    /// These rows (their indexes in the batch) are refused for what they hold; the others are
-    /// written.
-    Rows(Vec<(usize, Failure)>),
-    /// The batch is not written (the database's failure, not a row's).
-    Batch(Failure),
-}
-
 impl Table {
     /// `name`'s columns and primary key, from the catalog (the columns a row can set: not
     /// generated ones). A table that is missing is refused, saying so.
-    pub fn describe(db: &Db, name: &str) -> Result<Table, String> {
-        let quoted = identifier(name)?;
+    pub fn describe(db: &Db, name: &str) -> Result<Table, Failure> {
+        let setup = |message: String| Failure {
+            kind: Kind::Setup,
+            ..Failure::client(message)
+        };
+        let quoted = identifier(name).map_err(setup)?;
         let sql = "SELECT a.attname::text, coalesce(a.attnum = ANY(i.indkey), false),
                           a.attgenerated = '' AND a.attidentity <> 'a'
                    FROM pg_attribute a
                    LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
                    WHERE a.attrelid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped
                    ORDER BY a.attnum";
+        let asked = quoted.clone();
         let rows = db
-            .call(|c| async move { c.query(sql, &[&quoted]).await })
-            .map_err(|e| format!("table {name}: {e}"))?;
+            .call(|c| async move { c.query(sql, &[&asked]).await })
+            .map_err(|e| Failure {
+                message: format!("table {name}: {e}"),
+                ..e
+            })?;
         let (mut columns, mut key, mut generated_key) = (Vec::new(), Vec::new(), false);
         for r in &rows {
-            let failed = |e: tokio_postgres::Error| format!("table {name}: {}", Failure::from(e));
+            let failed = |e: tokio_postgres::Error| Failure::from(e);
             let column: String = r.try_get(0).map_err(failed)?;
             let in_key: bool = r.try_get(1).map_err(failed)?;
             let writable: bool = r.try_get(2).map_err(failed)?;
@@ -70,87 +62,45 @@ impl Table {
             key.clear();
         }
         Ok(Table {
-            name: identifier(name)?,
+            name: quoted,
             columns,
             key,
         })
     }
 
-    /// Whether rows can be upserted: the table has a primary key that rows set.
-    pub fn upsertable(&self) -> Result<(), String> {
-        if self.key.is_empty() {
-            return Err(format!(
-                "table {} has no primary key that rows set (none, or one the server \
-                 generates): rows are upserted by it (or choose --db-mode insert)",
-                self.name
-            ));
+    /// The columns and key, as the sink checks them.
+    pub fn described(&self) -> Described {
+        Described {
+            columns: self.columns.clone(),
+            key: self.key.clone(),
         }
-        Ok(())
-    }
-
-    /// The columns, in the table's order.
-    pub fn columns(&self) -> &[String] {
-        &self.columns
     }
 
     /// Writes `rows` (each a JSON object's text: field → column, typed by the server from the
     /// text as written, so no number loses a digit; a field missing is NULL, one without a
-    /// column ignored) in the open transaction, each with its index in the batch: a row
-    /// replaces the one of its key.
-    pub fn upsert(&self, db: &Db, rows: &[(usize, String)]) -> Result<(), Unwritten> {
-        self.upsertable()
-            .map_err(|e| Unwritten::Batch(Failure::client(e)))?;
-        self.write_all(db, rows, Write::Upsert)
-    }
-
-    /// [`Table::upsert`], but a row whose key is taken (in the table or earlier in the
-    /// batch) is refused (`23505`), as the row's fault.
-    pub fn insert(&self, db: &Db, rows: &[(usize, String)]) -> Result<(), Unwritten> {
-        self.write_all(db, rows, Write::Insert)
-    }
-
-    fn write_all(&self, db: &Db, rows: &[(usize, String)], how: Write) -> Result<(), Unwritten> {
-        if rows.is_empty() {
-            return Ok(());
+    /// column ignored) in the open transaction, each with its index in the batch. A batch
+    /// refused for its data is written again in halves down to the rows at fault.
+    pub fn write(&self, db: &Db, rows: &[(usize, String)], how: Write) -> Result<(), Unwritten> {
+        if how == Write::Upsert && self.key.is_empty() {
+            return Err(Unwritten::Batch(Failure::client(format!(
+                "table {} has no key to upsert by",
+                self.name
+            ))));
         }
-        let all: Vec<&(usize, String)> = rows.iter().collect();
-        let mut refused = Vec::new();
-        (self.bisect(db, &all, how, &mut refused)).map_err(Unwritten::Batch)?;
-        if refused.is_empty() {
-            return Ok(());
-        }
-        Err(Unwritten::Rows(refused))
-    }
-
-    /// Writes `rows` under a savepoint. Refused for their data, each half is written again the
-    /// same way, down to the rows at fault, which go to `refused`: a few statements per bad
-    /// row (about 2 log n), not one per row of the batch. Halves go in order, so the last of a
-    /// key still wins.
-    fn bisect(
-        &self,
-        db: &Db,
-        rows: &[&(usize, String)],
-        how: Write,
-        refused: &mut Vec<(usize, Failure)>,
-    ) -> Result<(), Failure> {
-        db.batch("SAVEPOINT exactly_rows")?;
-        match self.write(db, rows, how) {
-            Ok(()) => db.batch("RELEASE SAVEPOINT exactly_rows"),
-            Err(e) if !e.is_data() => Err(e),
-            Err(e) => {
-                db.batch("ROLLBACK TO SAVEPOINT exactly_rows; RELEASE SAVEPOINT exactly_rows")?;
-                if let [row] = rows {
-                    refused.push((row.0, e));
-                    return Ok(());
+        let savepoint = |s: Savepoint| {
+            db.batch(match s {
+                Savepoint::Set => "SAVEPOINT exactly_rows",
+                Savepoint::Release => "RELEASE SAVEPOINT exactly_rows",
+                Savepoint::Undo => {
+                    "ROLLBACK TO SAVEPOINT exactly_rows; RELEASE SAVEPOINT exactly_rows"
                 }
-                let (first, second) = rows.split_at(rows.len() / 2);
-                self.bisect(db, first, how, refused)?;
-                self.bisect(db, second, how, refused)
-            }
-        }
+            })
+        };
+        write_all(rows, &|some| self.statement(db, some, how), &savepoint)
     }
 
-    fn write(&self, db: &Db, rows: &[&(usize, String)], how: Write) -> Result<(), Failure> {
+    /// One statement writing `rows`.
+    fn statement(&self, db: &Db, rows: &[&(usize, String)], how: Write) -> Result<(), Failure> {
         let mut json = String::with_capacity(rows.iter().map(|r| r.1.len() + 1).sum::<usize>() + 2);
         json.push('[');
         for (i, (_, row)) in rows.iter().copied().enumerate() {
@@ -213,21 +163,6 @@ impl Table {
 #[derive(Clone, Debug)]
 pub struct DeadLetters {
     name: String,
-}
-
-/// One dead-letter copy.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DeadLetter {
-    /// Why (a reason name), from the copy's headers.
-    pub reason: Option<String>,
-    /// The lineage of its input.
-    pub lineage: Option<String>,
-    /// Key bytes.
-    pub key: Option<Vec<u8>>,
-    /// Value bytes.
-    pub value: Option<Vec<u8>>,
-    /// The headers, a JSON array of `[name, value]` text pairs in order.
-    pub headers: String,
 }
 
 impl DeadLetters {

@@ -9,32 +9,8 @@
 //! epoch, so the stale one's set changes no row, and its transaction must roll back
 //! ([`Offsets::advance`] names the partitions so fenced).
 
-use super::{Db, Failure, identifier};
-
-/// A partition claimed: where its records start, and the epoch that may move it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Claimed {
-    /// The partition.
-    pub partition: i32,
-    /// Its next offset; `None`: neither the table nor the group had one (start by the
-    /// consumer's reset policy).
-    pub next: Option<i64>,
-    /// The claim's epoch.
-    pub epoch: i64,
-}
-
-/// A partition's offset to move, in the open transaction.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Advance {
-    /// The partition.
-    pub partition: i32,
-    /// The offset this owner last wrote (or claimed).
-    pub from: Option<i64>,
-    /// The next offset now.
-    pub to: i64,
-    /// The owner's epoch.
-    pub epoch: i64,
-}
+use super::{Db, identifier};
+use crate::db::{Advance, Claimed, Failure, partitions_once};
 
 /// The offsets table, for one group, as one owner.
 #[derive(Clone, Debug)]
@@ -132,14 +108,7 @@ impl Offsets {
     /// old offset and epoch: the partitions whose row did not move (another owner claimed
     /// them since). With any, the transaction must roll back. A partition twice is refused.
     pub fn advance(&self, db: &Db, topic: &str, moves: &[Advance]) -> Result<Vec<i32>, Failure> {
-        let ps: Vec<i32> = moves.iter().map(|m| m.partition).collect();
-        let mut sorted = ps.clone();
-        sorted.sort_unstable();
-        if sorted.windows(2).any(|w| w[0] == w[1]) {
-            return Err(Failure::client(format!(
-                "a partition twice in one advance: {ps:?}"
-            )));
-        }
+        let ps = partitions_once(moves)?;
         let from: Vec<Option<i64>> = moves.iter().map(|m| m.from).collect();
         let to: Vec<i64> = moves.iter().map(|m| m.to).collect();
         let epochs: Vec<i64> = moves.iter().map(|m| m.epoch).collect();
