@@ -157,6 +157,106 @@ pub fn initialise(m: &Metrics) {
     for outcome in transform::call::OUTCOMES {
         m.calls.with_label_values(&[outcome]);
     }
+    for outcome in ["written", "refused"] {
+        m.database_rows.with_label_values(&[outcome]);
+    }
+    for kind in DATABASE_FAILURES {
+        m.database_failures.with_label_values(&[kind]);
+    }
+}
+
+/// The database sink's transaction committed.
+pub struct DatabaseCommitted {
+    /// Rows written in it.
+    pub rows: u64,
+    /// From BEGIN to the COMMIT's answer.
+    pub took: Duration,
+}
+
+impl DatabaseCommitted {
+    /// Counts it (the loop logs commits).
+    pub fn emit(&self, m: &Metrics) {
+        m.database_rows
+            .with_label_values(&["written"])
+            .inc_by(self.rows);
+        m.database_transaction_duration
+            .observe(self.took.as_secs_f64());
+    }
+}
+
+/// The kinds of [`DatabaseFailed`], the `kind` label: a conflict (replayed), the connection
+/// lost, a connection that could not be made (unreachable), the setup's (exactly stops),
+/// other.
+pub const DATABASE_FAILURES: [&str; 5] = ["conflict", "lost", "unreachable", "setup", "other"];
+
+/// A database call of the sink failed (not a row's fault: [`RowRefused`]).
+pub struct DatabaseFailed<'a> {
+    /// One of [`DATABASE_FAILURES`].
+    pub kind: &'static str,
+    /// What the sink was doing.
+    pub doing: &'a str,
+    /// The server's code, if it gave one.
+    pub code: Option<&'a str>,
+    /// The failure.
+    pub error: &'a dyn std::fmt::Display,
+}
+
+impl DatabaseFailed<'_> {
+    /// Logs and counts it.
+    pub fn emit(&self, m: &Metrics) {
+        let (kind, doing, code) = (self.kind, self.doing, self.code);
+        match kind {
+            "lost" => {
+                warn!(error = %self.error, doing, "the database connection was lost; connecting again")
+            }
+            // The driver logs its reconnection attempts.
+            "unreachable" => debug!(error = %self.error, doing, "the database is unreachable"),
+            _ => {
+                warn!(error = %self.error, kind, code, doing, "the database failed the transaction; aborting")
+            }
+        }
+        m.database_failures.with_label_values(&[kind]).inc();
+    }
+}
+
+/// The database refused a row for what it holds: its copy goes by --on-error.
+pub struct RowRefused<'a> {
+    /// Its send's index in the unit.
+    pub index: usize,
+    /// The server's code.
+    pub code: Option<&'a str>,
+    /// The server's message.
+    pub error: &'a dyn std::fmt::Display,
+}
+
+impl RowRefused<'_> {
+    /// Logs and counts it.
+    pub fn emit(&self, m: &Metrics) {
+        warn!(index = self.index, code = self.code, error = %self.error, "the database refused a row");
+        m.database_rows.with_label_values(&["refused"]).inc();
+    }
+}
+
+/// Partitions whose offset's compare-and-set matched no row: the transaction rolled back.
+pub struct PartitionsFenced<'a> {
+    /// Their topic.
+    pub topic: &'a str,
+    /// The partitions.
+    pub partitions: &'a [i32],
+}
+
+impl PartitionsFenced<'_> {
+    /// Logs and counts it.
+    pub fn emit(&self, m: &Metrics) {
+        warn!(
+            topic = self.topic,
+            partitions = ?self.partitions,
+            "the offsets table did not move for these partitions (another instance claimed \
+             them?); rolled back"
+        );
+        m.database_fenced_partitions
+            .inc_by(self.partitions.len() as u64);
+    }
 }
 
 /// A transaction (or at-least-once batch) committed, with everything it counted.

@@ -80,6 +80,16 @@ pub struct Metrics {
     pub state_restored_records: IntCounter,
     /// Restores that did not reach the changelog's end.
     pub state_restore_failures: IntCounter,
+    /// The database sink's rows, by outcome (written: in a committed transaction; refused:
+    /// by the database, for what they hold).
+    pub database_rows: IntCounterVec,
+    /// From BEGIN to the COMMIT's answer, of the database sink's committed transactions.
+    pub database_transaction_duration: Histogram,
+    /// Partitions whose offset's compare-and-set matched no row (another instance claimed
+    /// them): their transaction rolled back.
+    pub database_fenced_partitions: IntCounter,
+    /// Database calls that failed, by kind (conflict, lost, unreachable, setup, other).
+    pub database_failures: IntCounterVec,
     /// Partitions the two gauges above were last set for, to drop the ones no longer owned.
     reported: Arc<Mutex<HashSet<(String, String)>>>,
     catalog: Vec<Family>,
@@ -287,6 +297,32 @@ impl Metrics {
                 "dedup_records_total",
                 "The dedup's decisions, by verdict (aborted transactions' too).",
                 &["verdict"],
+            ),
+            database_rows: counter_vec(
+                "database_rows_total",
+                "The database sink's rows, by outcome: written (committed), refused (by the \
+                 database, for what they hold).",
+                &["outcome"],
+            ),
+            database_transaction_duration: histogram(
+                "database_transaction_duration_seconds",
+                "From BEGIN to the COMMIT's answer, of the database sink's committed \
+                 transactions.",
+                vec![
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+                ],
+            ),
+            database_fenced_partitions: plain_counter(
+                "database_fenced_partitions_total",
+                "Partitions whose offset's compare-and-set matched no row: another instance \
+                 claimed them, and the transaction rolled back.",
+            ),
+            database_failures: counter_vec(
+                "database_failures_total",
+                "The database sink's failed calls, by kind: conflict (a deadlock, a \
+                 serialization failure, a lock wait), lost (the connection), unreachable (a \
+                 connection not made), setup (a table, a column, a permission), other.",
+                &["kind"],
             ),
             state_keys: gauge("state_keys", "Keys held in the dedup's committed state."),
             state_windows: gauge("state_windows", "Windows held in the dedup's state."),

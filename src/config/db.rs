@@ -98,8 +98,10 @@ pub struct DbArgs {
     )]
     pub db_lineage_column: Option<String>,
 
-    /// The server's bound on one statement and one lock wait (statement_timeout,
-    /// lock_timeout); the client waits a second longer, then cancels.
+    /// The server's bound on one statement, one lock wait and an idle transaction
+    /// (PostgreSQL's statement_timeout, lock_timeout, idle_in_transaction_session_timeout;
+    /// MariaDB's max_statement_time, innodb_lock_wait_timeout, idle_transaction_timeout);
+    /// the client waits a second longer, then ends the call on the server.
     #[arg(long, env = "EXACTLY_DB_STATEMENT_TIMEOUT", value_name = "DURATION", default_value = "10s", value_parser = parse_duration, requires = "db_url")]
     pub db_statement_timeout: Duration,
 }
@@ -296,5 +298,73 @@ impl DbConfig {
             group: self.group.clone(),
             owner: self.owner.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(url: &str) -> DbArgs {
+        DbArgs {
+            db_url: Some(url.into()),
+            db_password_env: None,
+            db_password_file: None,
+            db_table: Some("rows".into()),
+            db_mode: DbMode::Upsert,
+            db_offsets_table: None,
+            db_offsets_layout: OffsetsLayout::Exactly,
+            db_dlq_table: None,
+            db_lineage_column: None,
+            db_statement_timeout: Duration::from_secs(10),
+        }
+    }
+
+    fn refused(a: &DbArgs) -> String {
+        match a.resolve("g", "i-0", "dlq") {
+            Err(Error::Config(why)) => why,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn both_databases_are_taken_by_their_urls_and_the_offsets_table_follows_its_layout() {
+        let pg = args("postgres://etl@db:5432/shop").resolve("g", "i-0", "dlq");
+        let pg = pg.unwrap().unwrap();
+        assert_eq!(
+            (pg.backend, pg.layout, pg.offsets_table.as_str()),
+            (Backend::Postgres, Layout::Exactly, "exactly_offsets")
+        );
+        let mut my = args("mysql://etl@db:3306/shop");
+        my.db_offsets_layout = OffsetsLayout::KafkaOffset;
+        let my = my.resolve("g", "i-0", "dlq").unwrap().unwrap();
+        assert_eq!(
+            (my.backend, my.layout, my.offsets_table.as_str()),
+            (Backend::Mysql, Layout::KafkaOffset, "kafka_offset")
+        );
+        assert_eq!(my.dlq_table, "rows_dlq");
+    }
+
+    #[test]
+    fn bad_database_settings_are_refused_naming_the_flag() {
+        for (url, why) in [
+            ("postgres://etl:secret@db/shop", "a password in the URL"),
+            ("mysql://etl:secret@db:3306/shop", "a password in the URL"),
+            ("mysql://etl@db:3306/shop?require_ssl=true", "TLS"),
+            ("mysql://etl@db:3306", "no database"),
+            ("redis://db:6379", "not a database URL"),
+        ] {
+            let e = refused(&args(url));
+            assert!(e.starts_with("--db-url: ") && e.contains(why), "{url}: {e}");
+        }
+        let mut a = args("postgres://etl@db/shop");
+        a.db_offsets_layout = OffsetsLayout::KafkaOffset;
+        assert!(refused(&a).starts_with("--db-offsets-layout: "));
+        let mut a = args("mysql://etl@db:3306/shop");
+        a.db_offsets_table = Some("rows".into());
+        assert!(refused(&a).starts_with("--db-offsets-table: "));
+        let mut a = args("mysql://etl@db:3306/shop");
+        a.db_table = Some("rows`; drop".into());
+        assert!(refused(&a).starts_with("--db-table: "));
     }
 }

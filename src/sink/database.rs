@@ -16,7 +16,7 @@
 //! resolution ask.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::message::Headers;
@@ -29,9 +29,10 @@ use crate::config::TestSwitches;
 use crate::config::db::DbConfig;
 use crate::db::{self, Advance, DeadLetter, Failure, Kind, NotOpen, Session, Step, Unwritten};
 use crate::error::Error;
-use crate::events::AbortReason;
+use crate::events::{AbortReason, DatabaseCommitted, DatabaseFailed, PartitionsFenced, RowRefused};
 use crate::headers::{ERROR_REASON, LINEAGE};
 use crate::kafka::Tp;
+use crate::metrics::Metrics;
 use crate::records::Outgoing;
 
 /// A partition this instance claimed: the offset it last wrote there, and its epoch.
@@ -61,6 +62,7 @@ pub struct Database {
     claims: Mutex<HashMap<Tp, Claim>>,
     /// Deferred constraints are checked at each statement (a COMMIT was refused for them).
     immediate: bool,
+    metrics: Arc<Metrics>,
     /// Testing only: commits left before the process aborts after one.
     crash_after: Option<u64>,
     /// Testing only: every how many commits the answer is lost, and commits so far.
@@ -70,8 +72,14 @@ pub struct Database {
 impl Database {
     /// Not connected yet. `output`: the name outputs are addressed to; `test`: failures on
     /// purpose.
-    pub fn new(config: &DbConfig, output: &str, test: &TestSwitches) -> Result<Database, Error> {
+    pub fn new(
+        config: &DbConfig,
+        output: &str,
+        test: &TestSwitches,
+        metrics: Arc<Metrics>,
+    ) -> Result<Database, Error> {
         Ok(Database {
+            metrics,
             config: config.clone(),
             target: config.target(),
             output: output.to_string(),
@@ -94,6 +102,15 @@ impl Database {
     /// A connection, checked: the tables there, the rows' table as the catalog has it.
     fn open(&self) -> Result<Box<dyn Session>, NotConnected> {
         db::open(&self.target).map_err(|NotOpen { step, failure }| {
+            if step == Step::Connect && !matches!(failure.kind, Kind::Setup | Kind::Refused) {
+                DatabaseFailed {
+                    kind: "unreachable",
+                    doing: "connecting",
+                    code: failure.code.as_deref(),
+                    error: &failure,
+                }
+                .emit(&self.metrics);
+            }
             let flag = match step {
                 Step::Connect => "--db-url",
                 Step::Offsets => "--db-offsets-table",
@@ -151,23 +168,29 @@ impl Database {
     /// lost connection a new one; a conflict (class 40) or another failure an abort and
     /// replay; a permission or a table missing, the process to stop.
     fn failed(&mut self, f: Failure, doing: &str) -> Failed {
-        if !f.closed {
+        if f.closed {
+            self.db = None;
+        } else {
             self.rollback();
         }
-        if f.closed {
-            warn!(error = %f, doing, "the database connection was lost; connecting again");
-            self.db = None;
-            return Failed::Recreate(AbortReason::DatabaseUnavailable);
+        let (kind, failed) = match f.kind {
+            _ if f.closed => ("lost", Failed::Recreate(AbortReason::DatabaseUnavailable)),
+            Kind::Setup | Kind::Refused => (
+                "setup",
+                Failed::Exit(Error::Config(format!("--db-url: {doing}: {f}"))),
+            ),
+            Kind::Conflict => ("conflict", Failed::Abort(AbortReason::DatabaseConflict)),
+            Kind::Data(_) | Kind::Other => ("other", Failed::Abort(AbortReason::DatabaseFailed)),
+        };
+        let code = f.code.as_deref();
+        DatabaseFailed {
+            kind,
+            doing,
+            code,
+            error: &f,
         }
-        if matches!(f.kind, Kind::Setup | Kind::Refused) {
-            return Failed::Exit(Error::Config(format!("--db-url: {doing}: {f}")));
-        }
-        warn!(error = %f, code = ?f.code, doing, "the database failed the transaction; aborting");
-        if f.is_retryable() {
-            Failed::Abort(AbortReason::DatabaseConflict)
-        } else {
-            Failed::Abort(AbortReason::DatabaseFailed)
-        }
+        .emit(&self.metrics);
+        failed
     }
 
     /// The moves of `offsets`, by topic, from this instance's claims; `Err`: a partition it
@@ -204,6 +227,7 @@ impl Database {
         );
         self.ensure()?;
         let db = self.connected()?;
+        let began = std::time::Instant::now();
         // After a COMMIT refused for its data (a deferred constraint), constraints are
         // checked at each statement, so the search for the rows at fault finds the row.
         if let Err(f) = db.begin(self.immediate) {
@@ -213,7 +237,13 @@ impl Database {
             Ok(()) => {}
             Err(Unwritten::Rows(refused)) => {
                 for (index, f) in &refused {
-                    warn!(index, code = ?f.code, error = %f, "the database refused a row");
+                    let (index, code) = (*index, f.code.as_deref());
+                    RowRefused {
+                        index,
+                        code,
+                        error: f,
+                    }
+                    .emit(&self.metrics);
                 }
                 self.rejections
                     .extend(refused.iter().map(|(index, f)| Rejection {
@@ -242,12 +272,8 @@ impl Database {
                     // paused when its records come again), a row of ours moved under a
                     // commit whose answer came late (the claim takes its offset).
                     self.rollback();
-                    warn!(
-                        topic,
-                        ?fenced,
-                        "the offsets table did not move for these partitions \
-                                           (another instance claimed them?); rolled back"
-                    );
+                    let partitions = &fenced;
+                    PartitionsFenced { topic, partitions }.emit(&self.metrics);
                     return Err(Failed::Abort(AbortReason::PartitionClaimed));
                 }
                 Err(f) => return Err(self.failed(f, "moving offsets")),
@@ -259,10 +285,22 @@ impl Database {
                 self.db = None;
                 Err(Failed::Abort(AbortReason::CommitOutcomeUnknown))
             }
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                let (rows, took) = (rows.len() as u64, began.elapsed());
+                DatabaseCommitted { rows, took }.emit(&self.metrics);
+                Ok(())
+            }
             Err(f) if f.closed => {
-                warn!(error = %f, "the connection was lost during COMMIT; the offsets table tells \
-                                   whether it committed");
+                // The offsets table tells whether it committed.
+                let (doing, code) = ("committing", f.code.as_deref());
+                let (kind, error) = ("lost", &f);
+                DatabaseFailed {
+                    kind,
+                    doing,
+                    code,
+                    error,
+                }
+                .emit(&self.metrics);
                 self.db = None;
                 Err(Failed::Abort(AbortReason::CommitOutcomeUnknown))
             }
@@ -362,8 +400,10 @@ impl Sink for Database {
         let moves = match self.moves(offsets) {
             Ok(moves) => moves,
             Err(tp) => {
-                warn!(topic = %tp.0, partition = tp.1, "no claim on a partition of the unit \
-                                                        (another instance took it); aborting");
+                // The table said another instance claimed it (the claim went when the rewind
+                // read it): fenced before any statement.
+                let (topic, partitions) = (tp.0.as_str(), &[tp.1][..]);
+                PartitionsFenced { topic, partitions }.emit(&self.metrics);
                 let _ = group.pause(std::slice::from_ref(&tp));
                 return Err(Failed::Abort(AbortReason::PartitionClaimed));
             }
@@ -598,7 +638,7 @@ mod tests {
             crash_after_db_commit: None,
             lose_db_commit_answers: None,
         };
-        Database::new(&config, "rows", &test).unwrap()
+        Database::new(&config, "rows", &test, Arc::new(Metrics::new())).unwrap()
     }
 
     #[test]

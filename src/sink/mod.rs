@@ -159,7 +159,12 @@ pub fn start(
     shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<Driver, Error> {
     let sink: Box<dyn Sink> = match (&config.db, config.guarantee) {
-        (Some(db), _) => Box::new(database::Database::new(db, &config.output_topic, test)?),
+        (Some(db), _) => Box::new(database::Database::new(
+            db,
+            &config.output_topic,
+            test,
+            metrics.clone(),
+        )?),
         (None, Guarantee::ExactlyOnce) => Box::new(exactly_once::ExactlyOnce::new(kafka, config)),
         (None, Guarantee::AtLeastOnce) => Box::new(at_least_once::AtLeastOnce::new(kafka, config)),
     };
