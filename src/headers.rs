@@ -24,7 +24,10 @@ pub const SOURCE_PARTITION: &str = "exactly.source.partition";
 pub const SOURCE_OFFSET: &str = "exactly.source.offset";
 /// Kafka's name of the error a broker rejected a copy of the record with
 /// (`MESSAGE_TOO_LARGE`, `INVALID_RECORD`, `INVALID_TIMESTAMP`, …).
-pub const ERROR_BROKER: &str = "exactly.error.broker";
+pub const ERROR_BROKER: &str = crate::transform::Refuser::Broker.header();
+/// The database sink's name of the error the database refused the record's row with
+/// (`CHECK_VIOLATION`, `UNIQUE_VIOLATION`, …).
+pub const ERROR_DATABASE: &str = crate::transform::Refuser::Database.header();
 
 /// The lineage value of output `index` of `input`.
 pub fn lineage(input: &InputRecord<'_>, index: usize) -> String {
@@ -107,10 +110,10 @@ pub fn reasons(
             key: SOURCE_OFFSET,
             value: Some(&input.offset.to_string()),
         });
-    if let Some(b) = err.broker {
+    if let Some((by, name)) = err.refused {
         h = h.insert(Header {
-            key: ERROR_BROKER,
-            value: Some(b),
+            key: by.header(),
+            value: Some(name),
         });
     }
     if let Some(l) = lineage {

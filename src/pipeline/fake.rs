@@ -342,6 +342,10 @@ impl Sink for FakeSink {
     fn exists(&self, _: &str, _: Duration) -> Result<bool, String> {
         Ok(true)
     }
+
+    fn refuser(&self) -> crate::transform::Refuser {
+        crate::transform::Refuser::Broker
+    }
 }
 
 /// A consumer of the fake broker: reads its assigned partitions in turn, one record a poll.
@@ -669,6 +673,7 @@ impl Core {
             },
             lineage: true,
             max_message_bytes: 1 << 20,
+            refuser: crate::transform::Refuser::Broker,
         };
         let writer = Writer::new(
             driver,

@@ -93,6 +93,7 @@ pub fn run(
         errors: config.errors.clone(),
         lineage: config.lineage,
         max_message_bytes: check_topics(&driver, config)?,
+        refuser: driver.refuser(),
     };
     let writer = Writer::new(
         driver,

@@ -22,7 +22,7 @@ use crate::records::{self, Outgoing};
 use crate::sink::rejected::{Form, Source, Verdict};
 use crate::sink::routes::Routes;
 use crate::sink::{Began, Consumed, Driver, SendError};
-use crate::transform::{Failure, InputRecord, OutputRecord, Reason, TransformError};
+use crate::transform::{Failure, InputRecord, OutputRecord, Reason, Refuser, TransformError};
 
 /// What the record path must know.
 pub struct Policy {
@@ -34,6 +34,8 @@ pub struct Policy {
     pub lineage: bool,
     /// The producer's message.max.bytes: larger outputs are bad records, not aborts.
     pub max_message_bytes: usize,
+    /// Who refuses outputs for what they are: the broker, or the database.
+    pub refuser: Refuser,
 }
 
 /// Writes records into the sink's open unit.
@@ -230,10 +232,10 @@ impl Writer {
     ) -> Result<Result<(), SendError>, Error> {
         let err = match result {
             Err(mut e) => {
-                e.broker = Some(error);
+                e.refused = Some((self.policy.refuser, error));
                 e
             }
-            Ok(_) => TransformError::rejected(error),
+            Ok(_) => TransformError::rejected(self.policy.refuser, error),
         };
         let next = copy.next().unwrap_or_else(|| {
             // Not the record's fault: the dead-letter topic refuses even reason headers. The

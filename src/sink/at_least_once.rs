@@ -112,6 +112,10 @@ impl Sink for AtLeastOnce {
         self.p().topic_exists(name, timeout)
     }
 
+    fn refuser(&self) -> crate::transform::Refuser {
+        crate::transform::Refuser::Broker
+    }
+
     fn ended(&self) -> Ended {
         Ended::Dropped
     }

@@ -542,6 +542,10 @@ impl Sink for Database {
     fn exists(&self, name: &str, _timeout: Duration) -> Result<bool, String> {
         Ok(name == self.output || name == self.dlq)
     }
+
+    fn refuser(&self) -> crate::transform::Refuser {
+        crate::transform::Refuser::Database
+    }
 }
 
 /// The last value of header `name` as text (exactly's own come after the input's).

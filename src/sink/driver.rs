@@ -37,7 +37,7 @@ enum State {
     /// Nothing open: the next record begins a unit.
     Idle,
     /// A unit is open.
-    Open(Unit),
+    Open(Box<Unit>),
     /// The last unit ended without a commit (or the loop dropped records it had read): the
     /// consumer must go back to the committed offsets before anything begins.
     RewindOwed,
@@ -72,6 +72,11 @@ impl Driver {
     /// Whether the destination `name` exists.
     pub fn exists(&self, name: &str, timeout: Duration) -> Result<bool, String> {
         self.sink.exists(name, timeout)
+    }
+
+    /// Who refuses the sink's records for what they are.
+    pub fn refuser(&self) -> crate::transform::Refuser {
+        self.sink.refuser()
     }
 
     /// Bounds every later call by `deadline` (shutdown grace).
@@ -149,7 +154,7 @@ impl Driver {
         self.sink.watch_routes(watch);
         let reason = match self.sink.begin(&self.bounds) {
             Ok(()) => {
-                self.state = State::Open(Unit::new());
+                self.state = State::Open(Box::new(Unit::new()));
                 return Ok(Began::Open);
             }
             Err(Failed::Exit(e)) => return Err(e),
@@ -285,7 +290,7 @@ impl Driver {
             return Outcome::Empty;
         };
         self.settled.push(Settled::Committed);
-        self.count_commit(unit, offsets, started)
+        self.count_commit(*unit, offsets, started)
     }
 
     /// The bookkeeping of a unit that committed `offsets`.
@@ -337,7 +342,7 @@ impl Driver {
                 return Ok(());
             }
         };
-        if !self.keep_unresolved(unit) {
+        if !self.keep_unresolved(*unit) {
             self.settled.push(Settled::Dropped);
         }
         self.failures += 1;

@@ -226,6 +226,10 @@ impl Sink for ExactlyOnce {
     fn exists(&self, name: &str, timeout: Duration) -> Result<bool, String> {
         self.p().topic_exists(name, timeout)
     }
+
+    fn refuser(&self) -> crate::transform::Refuser {
+        crate::transform::Refuser::Broker
+    }
 }
 
 /// A transactional call that timed out may still reach the coordinator later: the producer

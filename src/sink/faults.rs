@@ -144,6 +144,10 @@ impl Sink for Faults {
     fn ended(&self) -> Ended {
         self.inner.ended()
     }
+
+    fn refuser(&self) -> crate::transform::Refuser {
+        self.inner.refuser()
+    }
 }
 
 fn seed() -> u64 {

@@ -52,6 +52,7 @@ use crate::health::Health;
 use crate::kafka::{self, Settings, Tp};
 use crate::metrics::Metrics;
 use crate::records::Outgoing;
+use crate::transform::Refuser;
 
 pub use bounds::Bounds;
 pub use driver::Driver;
@@ -141,6 +142,9 @@ pub trait Sink: Send {
     ) -> Result<Starts, Failed>;
     /// Whether the destination `name` (a topic) exists; an error says why that is unknown.
     fn exists(&self, name: &str, timeout: Duration) -> Result<bool, String>;
+    /// Who refuses its records for what they are (the DLQ reason and header of a copy). No
+    /// default: a sink in front of another must pass it on.
+    fn refuser(&self) -> Refuser;
     /// How an open unit ends when `abort` succeeds: aborted on the broker, or (at least
     /// once) dropped, its outputs left where they are.
     fn ended(&self) -> Ended {

@@ -284,6 +284,8 @@ pub enum Reason {
     BadEnvelope,
     /// The broker rejected an output for what it is (its size, its bytes, its timestamp).
     RejectedByBroker,
+    /// The database refused an output's row for what it holds (a constraint, a type).
+    RejectedByDatabase,
     /// The application behind --call-url refused the record.
     AppRejected,
     /// An output's topic (an envelope's or the application's) refused it for --route-timeout:
@@ -299,13 +301,14 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, so the DLQ counter starts at 0 for each.
-    pub const ALL: [Reason; 11] = [
+    pub const ALL: [Reason; 12] = [
         Reason::NotJson,
         Reason::JqError,
         Reason::OutputTooLarge,
         Reason::TooManyOutputs,
         Reason::BadEnvelope,
         Reason::RejectedByBroker,
+        Reason::RejectedByDatabase,
         Reason::AppRejected,
         Reason::RouteRefused,
         Reason::DedupInput,
@@ -322,6 +325,7 @@ impl Reason {
             Reason::TooManyOutputs => "too_many_outputs",
             Reason::BadEnvelope => "bad_envelope",
             Reason::RejectedByBroker => "rejected_by_broker",
+            Reason::RejectedByDatabase => "rejected_by_database",
             Reason::AppRejected => "app_rejected",
             Reason::RouteRefused => "route_refused",
             Reason::DedupInput => "dedup_input",
@@ -342,8 +346,43 @@ pub struct TransformError {
     pub reason: Reason,
     /// What went wrong, for the DLQ header and the log.
     pub message: String,
-    /// Kafka's name of the error the broker rejected a copy of the record with, if it did.
-    pub broker: Option<&'static str>,
+    /// Who refused a copy of the record for what it is, and their name for the error
+    /// (Kafka's `MESSAGE_TOO_LARGE`, a database's `CHECK_VIOLATION`), if one did.
+    pub refused: Option<(Refuser, &'static str)>,
+}
+
+/// Who refuses records for what they are: where outputs go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refuser {
+    /// The Kafka broker.
+    Broker,
+    /// The database (`--db-url`).
+    Database,
+}
+
+impl Refuser {
+    /// The DLQ reason of a record whose output it refused.
+    pub const fn reason(self) -> Reason {
+        match self {
+            Refuser::Broker => Reason::RejectedByBroker,
+            Refuser::Database => Reason::RejectedByDatabase,
+        }
+    }
+
+    /// The DLQ header that carries its name for the error.
+    pub const fn header(self) -> &'static str {
+        match self {
+            Refuser::Broker => "exactly.error.broker",
+            Refuser::Database => "exactly.error.database",
+        }
+    }
+
+    fn who(self) -> &'static str {
+        match self {
+            Refuser::Broker => "the broker",
+            Refuser::Database => "the database",
+        }
+    }
 }
 
 impl TransformError {
@@ -355,17 +394,17 @@ impl TransformError {
         TransformError {
             reason,
             message,
-            broker: None,
+            refused: None,
         }
     }
 
-    /// The broker rejected an output of the record with `broker` (Kafka's error name).
-    pub fn rejected(broker: &'static str) -> Self {
+    /// `by` refused an output of the record with `error` (its name for the error).
+    pub fn rejected(by: Refuser, error: &'static str) -> Self {
         TransformError {
-            broker: Some(broker),
+            refused: Some((by, error)),
             ..TransformError::new(
-                Reason::RejectedByBroker,
-                format!("the broker rejected an output of this record: {broker}"),
+                by.reason(),
+                format!("{} refused an output of this record: {error}", by.who()),
             )
         }
     }
