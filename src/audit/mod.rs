@@ -8,6 +8,7 @@
 //! read, so the checks are unit-tested on fabricated histories; [`read`] does the reading.
 
 pub mod read;
+pub mod table;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -64,7 +65,11 @@ pub fn run(config: AuditConfig) -> Result<Report, Error> {
         (TransformSpec::Call(_), None) => None,
         _ => Some(crate::transform::build(t)?),
     };
-    let history = read::collect(&config.plan)?;
+    let mut history = read::collect(&config.plan)?;
+    let rows = match &config.db {
+        Some(target) => Some(table::read(target, &mut history)?),
+        None => None,
+    };
     let mut replay = match (&t.spec, transform) {
         (_, Some(transform)) => Replay::Transform(transform),
         (TransformSpec::Call(spec), None) if config.replay_call => Replay::Answers {
@@ -73,13 +78,25 @@ pub fn run(config: AuditConfig) -> Result<Report, Error> {
         },
         (_, None) => Replay::Lineage,
     };
-    Ok(analyze(
-        &history,
-        &mut replay,
-        config.on_error,
-        &config.plan.outputs[0],
-        config.max_message_bytes,
-    ))
+    let default_output = match (&config.db, config.plan.outputs.first()) {
+        (Some(target), _) => target.rows.clone(),
+        (None, Some(o)) => o.clone(),
+        (None, None) => return Err(Error::Config("--output-topic: none given".into())),
+    };
+    let (on_error, max) = (config.on_error, config.max_message_bytes);
+    match &rows {
+        None => Ok(analyze(
+            &history,
+            &mut replay,
+            on_error,
+            &default_output,
+            max,
+        )),
+        Some(table) => {
+            let parts = analyze_parts(&history, &mut replay, on_error, &default_output, max);
+            table::check(parts, table).map_err(|e| Error::Store(format!("--db-url: {e}")))
+        }
+    }
 }
 
 /// The pipeline's dedup, replayed in memory from nothing (the audit reads every input from
@@ -146,6 +163,9 @@ pub struct History {
     pub outputs: Vec<Rec>,
     /// DLQ records, read_committed.
     pub dlq: Vec<Rec>,
+    /// The outputs are a database table's rows ([`table`]): no values, no order; the
+    /// database compares them.
+    pub rows: bool,
     /// Records of the output and DLQ topics that only read_uncommitted sees (aborted).
     pub aborted: usize,
     /// The group's committed offsets on the input, if a group was given.
@@ -186,6 +206,9 @@ pub struct Report {
     pub dlq: usize,
     /// Expected outputs or DLQ records that are missing.
     pub lost: usize,
+    /// A database table's rows replaced by a later output of the same key (an upsert): not
+    /// lost, and not an anomaly.
+    pub overwritten: usize,
     /// Extra copies of an output or DLQ record.
     pub duplicated: usize,
     /// Outputs or DLQ records the transform does not give for their input.
@@ -222,7 +245,7 @@ impl Report {
             + self.hanging_partitions
     }
 
-    fn note(&mut self, what: String) {
+    pub(crate) fn note(&mut self, what: String) {
         if self.examples.len() < 20 {
             self.examples.push(what);
         }
@@ -274,6 +297,12 @@ impl Report {
             ),
         );
         line("lost", self.lost.to_string());
+        if self.overwritten > 0 {
+            line(
+                "  overwritten (upserts)",
+                format!("{} (a later output of the same key)", self.overwritten),
+            );
+        }
         line("duplicated", self.duplicated.to_string());
         line("unexpected", self.unexpected.to_string());
         line("in output and DLQ", self.in_output_and_dlq.to_string());
@@ -321,11 +350,12 @@ impl Report {
     }
 }
 
-type Lineage = (String, i32, i64, usize);
+/// An output's lineage: its input's topic, partition and offset, and its index.
+pub type Lineage = (String, i32, i64, usize);
 
 /// What one output should be.
 #[derive(Debug)]
-struct Expected {
+pub struct Expected {
     topic: String,
     key: Option<Vec<u8>>,
     value: Option<Vec<u8>>,
@@ -408,8 +438,11 @@ pub fn replay_call(
     Ok(answers)
 }
 
-/// The DLQ reason of a record whose output the broker rejected.
-const REJECTED: &str = crate::transform::Reason::RejectedByBroker.as_str();
+/// The DLQ reasons of a record whose output the broker or the database refused.
+const REJECTED: [&str; 2] = [
+    crate::transform::Reason::RejectedByBroker.as_str(),
+    crate::transform::Reason::RejectedByDatabase.as_str(),
+];
 /// The DLQ reason of a record whose output's topic kept refusing it.
 const ROUTE_REFUSED: &str = crate::transform::Reason::RouteRefused.as_str();
 
@@ -417,7 +450,7 @@ type Id = (String, i32, i64);
 
 /// What the replay says each judged input should have become.
 #[derive(Default)]
-struct Expectations {
+pub struct Expectations {
     outputs: HashMap<Lineage, Expected>,
     dlq: HashSet<Id>,
     /// Beyond the group's committed offsets, or not replayable: not judged.
@@ -444,6 +477,35 @@ pub fn analyze(
     default_output: &str,
     max_message_bytes: usize,
 ) -> Report {
+    let mut parts = analyze_parts(history, replay, on_error, default_output, max_message_bytes);
+    for l in std::mem::take(&mut parts.missing) {
+        parts.report.lost += 1;
+        parts.report.note(format!("output {} is missing", show(&l)));
+    }
+    parts.report
+}
+
+/// What [`analyze`] found before it counts the missing outputs lost: a table's rows
+/// ([`table::check`]) may have been overwritten instead.
+pub struct Parts<'h> {
+    /// The report so far.
+    pub report: Report,
+    /// The history judged.
+    history: &'h History,
+    /// What the replay expects.
+    expected: Expectations,
+    /// Expected outputs (in range, judged) with nothing of their lineage.
+    missing: Vec<Lineage>,
+}
+
+/// [`analyze`], the missing outputs left to count.
+pub fn analyze_parts<'h>(
+    history: &'h History,
+    replay: &mut Replay,
+    on_error: OnError,
+    default_output: &str,
+    max_message_bytes: usize,
+) -> Parts<'h> {
     let mut r = Report {
         replayed: replay.replays(),
         inputs: history.inputs.len(),
@@ -452,18 +514,21 @@ pub fn analyze(
         ..Report::default()
     };
     // Inputs the cluster refused outputs of: their DLQ copies stand in for the outputs.
-    let refused = |reason: &str| -> HashSet<Id> {
+    let refused = |reasons: &[&str]| -> HashSet<Id> {
         history
             .dlq
             .iter()
-            .filter(|d| d.header(headers::ERROR_REASON) == Some(reason.as_bytes()))
+            .filter(|d| {
+                let reason = d.header(headers::ERROR_REASON);
+                reasons.iter().any(|r| reason == Some(r.as_bytes()))
+            })
             .filter_map(|d| d.header(LINEAGE).and_then(headers::parse_lineage))
             .map(|l| (l.0, l.1, l.2))
             .collect()
     };
-    let mut rejected = refused(REJECTED);
+    let mut rejected = refused(&REJECTED);
     r.rejected_by_broker = rejected.len();
-    let route_refused = refused(ROUTE_REFUSED);
+    let route_refused = refused(&[ROUTE_REFUSED]);
     r.route_refused = route_refused.len();
     rejected.extend(route_refused);
     let expected = expect(
@@ -487,12 +552,14 @@ pub fn analyze(
     r.expected_outputs = expected.outputs.len();
     r.expected_dlq = expected.dlq.len();
     let mut seen = Seen::default();
-    check_outputs(&mut r, history, &expected, &mut seen);
+    let missing = check_outputs(&mut r, history, &expected, &mut seen);
     check_dlq(&mut r, history, &expected, &mut seen);
     if !r.replayed {
         account_by_lineage(&mut r, history, &expected.pending, &seen.outputs, &seen.dlq);
     }
-    check_order(&mut r, history);
+    if !history.rows {
+        check_order(&mut r, history);
+    }
     r.group_reached_end = history.committed.as_ref().map(|c| {
         history
             .range
@@ -508,7 +575,12 @@ pub fn analyze(
             ));
         }
     }
-    r
+    Parts {
+        report: r,
+        history,
+        expected,
+        missing,
+    }
 }
 
 /// The replay of every judged input: the outputs and DLQ records it should have.
@@ -578,8 +650,14 @@ fn in_range(history: &History, l: &Lineage) -> bool {
         .is_some_and(|&(start, end)| l.2 >= start && l.2 < end)
 }
 
-/// Every output of the range: once each, and as the replay has it; every expected one there.
-fn check_outputs(r: &mut Report, history: &History, expected: &Expectations, seen: &mut Seen) {
+/// Every output of the range: once each, and as the replay has it (a table's rows: by the
+/// database, later). The expected outputs that are not there.
+fn check_outputs(
+    r: &mut Report,
+    history: &History,
+    expected: &Expectations,
+    seen: &mut Seen,
+) -> Vec<Lineage> {
     for o in &history.outputs {
         let Some(l) = o.header(LINEAGE).and_then(headers::parse_lineage) else {
             r.without_lineage += 1;
@@ -601,9 +679,9 @@ fn check_outputs(r: &mut Report, history: &History, expected: &Expectations, see
             r.note(format!("output {} seen {} times", show(&l), n));
             continue;
         }
-        if expected.pending.contains(&(l.0.clone(), l.1, l.2)) || !r.replayed {
+        if expected.pending.contains(&(l.0.clone(), l.1, l.2)) || !r.replayed || history.rows {
             // Processed after the committed offsets were read (not judged), or nothing to
-            // compare with.
+            // compare with (a table's rows: the database compares them).
             continue;
         }
         match expected.outputs.get(&l) {
@@ -628,12 +706,12 @@ fn check_outputs(r: &mut Report, history: &History, expected: &Expectations, see
             Some(_) => {}
         }
     }
-    for l in expected.outputs.keys() {
-        if !seen.outputs.contains_key(l) {
-            r.lost += 1;
-            r.note(format!("output {} is missing", show(l)));
-        }
-    }
+    let mut missing: Vec<Lineage> = (expected.outputs.keys())
+        .filter(|l| !seen.outputs.contains_key(*l))
+        .cloned()
+        .collect();
+    missing.sort();
+    missing
 }
 
 /// Every DLQ record of the range: once each, never beside an output, only for inputs the
@@ -759,7 +837,7 @@ fn account_by_lineage(
     }
 }
 
-fn show(l: &Lineage) -> String {
+pub(crate) fn show(l: &Lineage) -> String {
     format!("{}/{}/{}/{}", l.0, l.1, l.2, l.3)
 }
 
@@ -953,7 +1031,7 @@ mod tests {
         let mut d = output(0, 0, "in/0/3/0", "x");
         d.topic = "out.dlq".into();
         d.headers
-            .push((headers::ERROR_REASON.into(), Some(REJECTED.into())));
+            .push((headers::ERROR_REASON.into(), Some(REJECTED[0].into())));
         h.dlq[0].offset = 1;
         h.dlq.insert(0, d.clone());
         let r = check(&h);

@@ -123,6 +123,7 @@ pub fn collect(plan: &Plan) -> Result<History, Error> {
         range,
         outputs,
         dlq,
+        rows: false,
         aborted,
         committed,
         partitions: states,

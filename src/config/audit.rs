@@ -35,7 +35,7 @@ pub struct AuditArgs {
         long = "output-topic",
         env = "EXACTLY_OUTPUT_TOPIC",
         value_delimiter = ',',
-        required = true,
+        required_unless_present = "db_url",
         value_name = "TOPICS"
     )]
     pub output_topics: Vec<String>,
@@ -48,6 +48,10 @@ pub struct AuditArgs {
     /// judged, and the report says whether the group reached the end of the range.
     #[arg(long, env = "EXACTLY_GROUP_ID", value_name = "GROUP")]
     pub group_id: Option<String>,
+
+    /// The database sink's table, instead of output topics.
+    #[command(flatten)]
+    pub db: super::db::AuditDbArgs,
 
     /// The transform, exactly as the pipeline runs it.
     #[command(flatten)]
@@ -158,6 +162,8 @@ pub struct AuditConfig {
     pub json: bool,
     /// The run's producer message.max.bytes.
     pub max_message_bytes: usize,
+    /// A database sink's table, read instead of output topics.
+    pub db: Option<crate::db::ReadTarget>,
 }
 
 impl AuditArgs {
@@ -182,10 +188,13 @@ impl AuditArgs {
                 "--window: not with --call-url (exactly run refuses it too)".into(),
             ));
         }
-        let dlq = match (self.dlq_topic, on_error) {
-            (Some(d), _) => Some(d),
-            (None, OnError::Dlq) => Some(format!("{}.dlq", self.output_topics[0])),
-            (None, _) => None,
+        let db = self.db.resolve(self.timeout)?;
+        let dlq = match (self.dlq_topic, on_error, &db) {
+            // The database sink's dead letters are in its table.
+            (_, _, Some(_)) => None,
+            (Some(d), _, None) => Some(d),
+            (None, OnError::Dlq, None) => (self.output_topics.first()).map(|o| format!("{o}.dlq")),
+            (None, _, None) => None,
         };
         if let Some(d) = &dlq {
             check_topic_name("--dlq-topic", d)?;
@@ -231,6 +240,7 @@ impl AuditArgs {
             replay_call: self.replay_call,
             json: self.json,
             max_message_bytes: self.max_message_bytes,
+            db,
         })
     }
 }
@@ -327,5 +337,48 @@ mod tests {
             let e = a.validate().err().unwrap().to_string();
             assert!(e.contains(flag), "{e}");
         }
+    }
+
+    #[test]
+    fn a_database_table_is_audited_instead_of_output_topics() {
+        let base = [
+            "exactly",
+            "audit",
+            "--bootstrap-servers",
+            "b:1",
+            "--input-topics",
+            "in",
+            "--jq",
+            ".",
+        ];
+        let db = [
+            "--db-url",
+            "mysql://etl@db:3306/shop",
+            "--db-table",
+            "orders",
+            "--db-lineage-column",
+            "lineage",
+        ];
+        let args: Vec<&str> = base.iter().chain(&db).copied().collect();
+        let Command::Audit(a) = Cli::try_parse_from(args).unwrap().command else {
+            panic!()
+        };
+        let c = a.validate().unwrap();
+        let target = c.db.unwrap();
+        assert_eq!(
+            (target.rows.as_str(), target.dead.as_str()),
+            ("orders", "orders_dlq")
+        );
+        assert!(c.plan.outputs.is_empty() && c.plan.dlq.is_none());
+        // Not with output topics; the lineage column is needed.
+        let mut with_topic: Vec<&str> = base.iter().chain(&db).copied().collect();
+        with_topic.extend(["--output-topic", "out"]);
+        assert!(Cli::try_parse_from(with_topic).is_err());
+        let without_lineage: Vec<&str> = base.iter().chain(&db[..4]).copied().collect();
+        let e = Cli::try_parse_from(without_lineage)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("--db-lineage-column"), "{e}");
     }
 }

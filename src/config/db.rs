@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use super::parse_duration;
-use crate::db::{Backend, Layout, Target, Write};
+use crate::db::{Backend, Layout, ReadTarget, Target, Write};
 use crate::error::Error;
 
 /// Options of the database sink.
@@ -216,39 +216,8 @@ impl DbArgs {
                 "--db-lineage-column: '{c}' is not a column name (letters, digits and _)"
             )));
         }
-        let password_in_url = match backend {
-            Backend::Postgres => {
-                let Ok(parsed) = url.parse::<tokio_postgres::Config>() else {
-                    return Err(Error::Config(
-                        "--db-url: not a PostgreSQL URL (postgres://user@host:port/database)"
-                            .into(),
-                    ));
-                };
-                parsed.get_password().is_some()
-            }
-            Backend::Mysql => crate::db::mysql::check_url(url)
-                .map_err(|e| Error::Config(format!("--db-url: {e}")))?,
-        };
-        if password_in_url {
-            return Err(Error::Config(
-                "--db-url: a password in the URL is refused (logs and process lists show it); \
-                 use --db-password-env or --db-password-file"
-                    .into(),
-            ));
-        }
-        let password = match (&self.db_password_env, &self.db_password_file) {
-            (Some(var), _) => Some(
-                std::env::var(var)
-                    .map_err(|_| Error::Config(format!("--db-password-env: ${var} is not set")))?,
-            ),
-            (None, Some(path)) => {
-                let text = std::fs::read_to_string(path).map_err(|e| {
-                    Error::Config(format!("--db-password-file: {}: {e}", path.display()))
-                })?;
-                Some(text.strip_suffix('\n').unwrap_or(&text).to_string())
-            }
-            (None, None) => None,
-        };
+        check_url(url, backend)?;
+        let password = password(&self.db_password_env, &self.db_password_file)?;
         if self.db_statement_timeout < Duration::from_millis(100) {
             return Err(Error::Config(
                 "--db-statement-timeout: must be at least 100ms".into(),
@@ -268,6 +237,149 @@ impl DbArgs {
             group: group.to_string(),
             owner: owner.to_string(),
             dlq_topic: dlq_topic.to_string(),
+        }))
+    }
+}
+
+/// Refuses a URL the client cannot parse, one with a password in it, and a MySQL URL this
+/// build cannot serve (TLS).
+fn check_url(url: &str, backend: Backend) -> Result<(), Error> {
+    let password_in_url = match backend {
+        Backend::Postgres => {
+            let Ok(parsed) = url.parse::<tokio_postgres::Config>() else {
+                return Err(Error::Config(
+                    "--db-url: not a PostgreSQL URL (postgres://user@host:port/database)".into(),
+                ));
+            };
+            parsed.get_password().is_some()
+        }
+        Backend::Mysql => {
+            crate::db::mysql::check_url(url).map_err(|e| Error::Config(format!("--db-url: {e}")))?
+        }
+    };
+    if password_in_url {
+        return Err(Error::Config(
+            "--db-url: a password in the URL is refused (logs and process lists show it); \
+             use --db-password-env or --db-password-file"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The password from `--db-password-env` or `--db-password-file`, if either is given.
+fn password(
+    env: &Option<String>,
+    file: &Option<std::path::PathBuf>,
+) -> Result<Option<String>, Error> {
+    Ok(match (env, file) {
+        (Some(var), _) => Some(
+            std::env::var(var)
+                .map_err(|_| Error::Config(format!("--db-password-env: ${var} is not set")))?,
+        ),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                Error::Config(format!("--db-password-file: {}: {e}", path.display()))
+            })?;
+            Some(text.strip_suffix('\n').unwrap_or(&text).to_string())
+        }
+        (None, None) => None,
+    })
+}
+
+/// `exactly audit` over a database sink's table: where its rows and dead-letter copies are.
+#[derive(Clone, Debug, Args)]
+pub struct AuditDbArgs {
+    /// Audit a database sink's table in this database (as `exactly run --db-url`) instead of
+    /// output topics: every row matched to its input by its lineage column, values compared by
+    /// the database as the columns hold them.
+    #[arg(
+        long,
+        env = "EXACTLY_DB_URL",
+        value_name = "URL",
+        requires_all = ["db_table", "db_lineage_column"],
+        conflicts_with_all = ["output_topics", "dlq_topic"]
+    )]
+    pub db_url: Option<String>,
+
+    /// Environment variable that holds the database password.
+    #[arg(
+        long,
+        env = "EXACTLY_DB_PASSWORD_ENV",
+        value_name = "VAR",
+        conflicts_with = "db_password_file",
+        requires = "db_url"
+    )]
+    pub db_password_env: Option<String>,
+
+    /// File that holds the database password.
+    #[arg(
+        long,
+        env = "EXACTLY_DB_PASSWORD_FILE",
+        value_name = "PATH",
+        requires = "db_url"
+    )]
+    pub db_password_file: Option<std::path::PathBuf>,
+
+    /// The rows' table (`table` or `schema.table`).
+    #[arg(
+        long,
+        env = "EXACTLY_DB_TABLE",
+        value_name = "TABLE",
+        requires = "db_url"
+    )]
+    pub db_table: Option<String>,
+
+    /// Its lineage column (the run's --db-lineage-column): the audit matches rows to inputs
+    /// by it.
+    #[arg(
+        long,
+        env = "EXACTLY_DB_LINEAGE_COLUMN",
+        value_name = "COLUMN",
+        requires = "db_url"
+    )]
+    pub db_lineage_column: Option<String>,
+
+    /// The dead-letter table [default: <db-table>_dlq].
+    #[arg(
+        long,
+        env = "EXACTLY_DB_DLQ_TABLE",
+        value_name = "TABLE",
+        requires = "db_url"
+    )]
+    pub db_dlq_table: Option<String>,
+}
+
+impl AuditDbArgs {
+    /// What to read, if `--db-url` is set; every call bounded by `timeout`.
+    pub fn resolve(&self, timeout: Duration) -> Result<Option<ReadTarget>, Error> {
+        let Some(url) = &self.db_url else {
+            return Ok(None);
+        };
+        let backend = Backend::of(url).map_err(|e| Error::Config(format!("--db-url: {e}")))?;
+        check_url(url, backend)?;
+        let table = self.db_table.clone().unwrap_or_default();
+        let dead = (self.db_dlq_table.clone()).unwrap_or_else(|| format!("{table}_dlq"));
+        for (flag, name) in [("--db-table", &table), ("--db-dlq-table", &dead)] {
+            crate::db::name_parts(name).map_err(|e| Error::Config(format!("{flag}: {e}")))?;
+        }
+        let lineage_column = self.db_lineage_column.clone().unwrap_or_default();
+        if !crate::db::name_parts(&lineage_column).is_ok_and(|_| !lineage_column.contains('.')) {
+            return Err(Error::Config(format!(
+                "--db-lineage-column: '{lineage_column}' is not a column name (letters, digits and _)"
+            )));
+        }
+        Ok(Some(ReadTarget {
+            backend,
+            url: url.clone(),
+            password: password(&self.db_password_env, &self.db_password_file)?,
+            bounds: crate::db::Bounds {
+                statement: timeout,
+                idle_in_transaction: timeout,
+            },
+            rows: table,
+            lineage_column,
+            dead,
         }))
     }
 }

@@ -339,6 +339,100 @@ pub fn open(target: &Target) -> Result<Box<dyn Session>, NotOpen> {
     Ok(session)
 }
 
+/// What `exactly audit` reads of a database sink: read only, nothing created.
+#[derive(Clone, Debug)]
+pub struct ReadTarget {
+    /// Which database.
+    pub backend: Backend,
+    /// Its URL, without a password.
+    pub url: String,
+    /// The password.
+    pub password: Option<String>,
+    /// Bounds on every call.
+    pub bounds: Bounds,
+    /// The rows' table.
+    pub rows: String,
+    /// Its lineage column.
+    pub lineage_column: String,
+    /// The dead-letter table.
+    pub dead: String,
+}
+
+/// A dead-letter copy as the audit reads it back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetterRead {
+    /// The lineage of its input.
+    pub lineage: Option<String>,
+    /// Why.
+    pub reason: Option<String>,
+}
+
+/// What a row the replay expects is, against the table. Expected rows go in as JSON objects
+/// (their lineage in the lineage column's field), typed by the server as a write would type
+/// them, so a value is compared as the column holds it (`1.10` and `1.1` in a numeric are one).
+pub trait Reader {
+    /// The lineage of every row (one per row: a row twice is there twice); rows without one
+    /// are counted apart.
+    fn lineages(&self) -> Result<(Vec<String>, usize), Failure>;
+    /// Every dead-letter copy.
+    fn dead_letters(&self) -> Result<Vec<DeadLetterRead>, Failure>;
+    /// The expected rows (by index) whose row of the same lineage differs, with the columns
+    /// that do. Rows without a row of their lineage are not among them.
+    fn differing(&self, rows: &[(usize, String)]) -> Result<Vec<(usize, Vec<String>)>, Failure>;
+    /// For each expected row (by index), the lineage of the row at its key (`None`: no row
+    /// there, or the table's key is the server's).
+    fn holders(&self, rows: &[(usize, String)]) -> Result<Vec<(usize, Option<String>)>, Failure>;
+}
+
+/// Connects to read `target`'s tables: the rows' table must have the lineage column.
+pub fn open_reader(target: &ReadTarget) -> Result<Box<dyn Reader>, NotOpen> {
+    target.bounds.check().map_err(|failure| NotOpen {
+        step: Step::Connect,
+        failure,
+    })?;
+    let (reader, table): (Box<dyn Reader>, Described) = match target.backend {
+        Backend::Postgres => {
+            let (r, t) = postgres::PgReader::open(target)?;
+            (Box::new(r), t)
+        }
+        Backend::Mysql => {
+            let (r, t) = mysql::MyReader::open(target)?;
+            (Box::new(r), t)
+        }
+    };
+    if !table.columns.contains(&target.lineage_column) {
+        return Err(NotOpen {
+            step: Step::Rows,
+            failure: Failure {
+                kind: Kind::Setup,
+                ..Failure::client(format!(
+                    "table {} has no column '{}'",
+                    target.rows, target.lineage_column
+                ))
+            },
+        });
+    }
+    Ok(reader)
+}
+
+/// An output's value as a row: its JSON object's text, every number as written (raw values,
+/// not floats), with the lineage column set (to the lineage, or null) if there is one.
+/// `None`: the value is no JSON object.
+pub fn row_text(value: &[u8], lineage: Option<(&str, Option<&str>)>) -> Option<String> {
+    type Row = std::collections::BTreeMap<String, Box<serde_json::value::RawValue>>;
+    let mut row: Row = serde_json::from_slice(value).ok()?;
+    if let Some((column, lineage)) = lineage {
+        row.insert(
+            column.to_string(),
+            serde_json::value::to_raw_value(&lineage).ok()?,
+        );
+    }
+    serde_json::to_string(&row).ok()
+}
+
+/// Rows per statement of the audit's comparisons.
+pub(crate) const COMPARED: usize = 1000;
+
 /// The rows' table as the catalog describes it: the columns a row can set, and the primary
 /// key's (empty when the server makes it).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -547,6 +641,22 @@ mod tests {
             Ok(())
         });
         assert!(matches!(other, Err(Unwritten::Batch(_))), "{other:?}");
+    }
+
+    #[test]
+    fn a_row_keeps_every_digit_and_takes_its_lineage() {
+        let value = br#"{"id": 123456789012345678901234567890, "amount": 1.10, "lineage": "x"}"#;
+        let row = row_text(value, Some(("lineage", Some("in/0/7/0")))).unwrap();
+        assert!(
+            row.contains("123456789012345678901234567890") && row.contains("1.10"),
+            "{row}"
+        );
+        let parsed: serde_json::Value = serde_json::from_str(&row).unwrap();
+        assert_eq!(parsed["lineage"], "in/0/7/0");
+        let without = row_text(value, Some(("lineage", None))).unwrap();
+        assert!(without.contains(r#""lineage":null"#), "{without}");
+        assert_eq!(row_text(b"[1]", None), None);
+        assert_eq!(row_text(b"not json", None), None);
     }
 
     #[test]

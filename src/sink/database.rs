@@ -346,27 +346,11 @@ impl Sink for Database {
                 error: "NOT_THE_TABLE",
             });
         }
-        // Raw values: a number goes to the server as written, every digit of it.
-        type Row = std::collections::BTreeMap<String, Box<serde_json::value::RawValue>>;
-        let value = out.value.as_deref().map(serde_json::from_slice::<Row>);
-        let Some(Ok(mut row)) = value else {
-            self.rejections.push(Rejection {
-                index,
-                error: "NOT_A_JSON_OBJECT",
-                named: true,
-                alone: true,
-            });
-            return Ok(());
-        };
-        if let Some(column) = &self.config.lineage_column {
-            let lineage = header(out, LINEAGE).map_or(serde_json::Value::Null, Into::into);
-            if let Ok(raw) = serde_json::value::to_raw_value(&lineage) {
-                row.insert(column.clone(), raw);
-            }
-        }
-        match serde_json::to_string(&row) {
-            Ok(text) => self.rows.push((index, text)),
-            Err(_) => self.rejections.push(Rejection {
+        let lineage = header(out, LINEAGE);
+        let lineage = (self.config.lineage_column.as_deref()).map(|c| (c, lineage.as_deref()));
+        match out.value.as_deref().and_then(|v| db::row_text(v, lineage)) {
+            Some(text) => self.rows.push((index, text)),
+            None => self.rejections.push(Rejection {
                 index,
                 error: "NOT_A_JSON_OBJECT",
                 named: true,

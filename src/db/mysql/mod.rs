@@ -24,8 +24,8 @@ use std::time::Duration;
 use mysql_async::prelude::Queryable;
 
 use super::{
-    Advance, Bounds, Claimed, DeadLetter, Described, Failure, Kind, NotOpen, Session, Step, Target,
-    Unwritten, Write,
+    Advance, Bounds, Claimed, DeadLetter, DeadLetterRead, Described, Failure, Kind, NotOpen,
+    ReadTarget, Reader, Session, Step, Target, Unwritten, Write,
 };
 
 /// Whether `url` is a MySQL URL this build can use, and whether it holds a password.
@@ -419,6 +419,57 @@ impl Session for My {
         partitions: &[(i32, Option<i64>)],
     ) -> Result<Vec<Claimed>, Failure> {
         self.offsets.claim(&self.conn, topic, partitions)
+    }
+}
+
+/// MySQL or MariaDB as the audit reads it.
+pub struct MyReader {
+    conn: Conn,
+    table: rows::Table,
+    lineage: String,
+    dead: rows::DeadLetters,
+}
+
+impl MyReader {
+    /// Connects and describes the rows' table.
+    pub fn open(target: &ReadTarget) -> Result<(MyReader, Described), NotOpen> {
+        let at = |step: Step| move |failure: Failure| NotOpen { step, failure };
+        let dead = rows::DeadLetters::new(&target.dead).map_err(|m| NotOpen {
+            step: Step::Dead,
+            failure: Failure {
+                kind: Kind::Setup,
+                ..Failure::client(m)
+            },
+        })?;
+        let conn = Conn::connect(&target.url, target.password.as_deref(), target.bounds)
+            .map_err(at(Step::Connect))?;
+        let table = rows::Table::describe(&conn, &target.rows).map_err(at(Step::Rows))?;
+        let described = table.described();
+        let reader = MyReader {
+            conn,
+            table,
+            lineage: target.lineage_column.clone(),
+            dead,
+        };
+        Ok((reader, described))
+    }
+}
+
+impl Reader for MyReader {
+    fn lineages(&self) -> Result<(Vec<String>, usize), Failure> {
+        self.table.lineages(&self.conn, &self.lineage)
+    }
+
+    fn dead_letters(&self) -> Result<Vec<DeadLetterRead>, Failure> {
+        self.dead.read(&self.conn)
+    }
+
+    fn differing(&self, rows: &[(usize, String)]) -> Result<Vec<(usize, Vec<String>)>, Failure> {
+        self.table.differing(&self.conn, rows, &self.lineage)
+    }
+
+    fn holders(&self, rows: &[(usize, String)]) -> Result<Vec<(usize, Option<String>)>, Failure> {
+        self.table.holders(&self.conn, rows, &self.lineage)
     }
 }
 

@@ -16,7 +16,9 @@ use mysql_async::Value;
 use mysql_async::prelude::Queryable;
 
 use super::{Conn, column, identifier, schema_and_table, text};
-use crate::db::{DeadLetter, Described, Failure, Kind, Savepoint, Unwritten, Write, write_all};
+use crate::db::{
+    DeadLetter, DeadLetterRead, Described, Failure, Kind, Savepoint, Unwritten, Write, write_all,
+};
 
 /// How a column takes its field's JSON value.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,6 +53,8 @@ struct Column {
     name: String,
     shape: Shape,
     sort: Sort,
+    /// AUTO_INCREMENT: a row without a value for it takes the server's.
+    generated_when_null: bool,
 }
 
 /// A table as the catalog describes it.
@@ -170,7 +174,13 @@ impl Table {
                 }
                 _ => Sort::AsIs,
             };
-            columns.push(Column { name, shape, sort });
+            let generated_when_null = extra.contains("auto_increment");
+            columns.push(Column {
+                name,
+                shape,
+                sort,
+                generated_when_null,
+            });
         }
         if columns.is_empty() && generated.is_empty() {
             return Err(setup(format!("table {name} has no columns")));
@@ -252,11 +262,11 @@ impl Table {
         )
     }
 
-    /// The statement that writes one JSON array of rows.
-    fn statement(&self, how: Write) -> String {
-        let ord = "`exactly ordinality`";
-        let mut defs = vec![format!("{ord} FOR ORDINALITY")];
-        let (mut names, mut values) = (Vec::new(), Vec::new());
+    /// The rows of one JSON array parameter, as `FROM JSON_TABLE(?, …) AS r`, and each
+    /// column's value typed from it, in the table's order.
+    fn source(&self) -> (String, Vec<String>) {
+        let mut defs = vec![format!("{ORDINALITY} FOR ORDINALITY")];
+        let mut values = Vec::new();
         for c in &self.columns {
             let (name, r) = (column(&c.name), format!("r.{}", column(&c.name)));
             defs.push(match c.shape {
@@ -266,13 +276,23 @@ impl Table {
                 ),
                 _ => format!("{name} JSON PATH '{}'", path(&c.name)),
             });
-            names.push(name);
             values.push(expression(&c.shape, &r));
         }
+        let from = format!(
+            "FROM JSON_TABLE(?, '$[*]' COLUMNS({})) AS r",
+            defs.join(", ")
+        );
+        (from, values)
+    }
+
+    /// The statement that writes one JSON array of rows.
+    fn statement(&self, how: Write) -> String {
+        let (from, values) = self.source();
+        let names: Vec<String> = self.columns.iter().map(|c| column(&c.name)).collect();
         let mut order: Vec<String> = (self.key.iter())
             .map(|i| sort(&self.columns[*i].sort, &values[*i]))
             .collect();
-        order.push(format!("r.{ord}"));
+        order.push(format!("r.{ORDINALITY}"));
         let upsert = match how {
             Write::Insert => String::new(),
             Write::Upsert => {
@@ -288,16 +308,137 @@ impl Table {
             }
         };
         format!(
-            "INSERT INTO {t} ({names}) SELECT {values}
-             FROM JSON_TABLE(?, '$[*]' COLUMNS({defs})) AS r
-             ORDER BY {order} {upsert}",
+            "INSERT INTO {t} ({names}) SELECT {values} {from} ORDER BY {order} {upsert}",
             t = self.name,
             names = names.join(", "),
             values = values.join(", "),
-            defs = defs.join(", "),
             order = order.join(", "),
         )
     }
+
+    /// The lineage of every row, and how many rows have none.
+    pub fn lineages(&self, conn: &Conn, lineage: &str) -> Result<(Vec<String>, usize), Failure> {
+        let sql = format!("SELECT {} FROM {}", column(lineage), self.name);
+        let rows: Vec<mysql_async::Row> = conn.call(async |c| c.query(sql).await)?;
+        let (mut lineages, mut without) = (Vec::with_capacity(rows.len()), 0);
+        for mut r in rows {
+            match text(&mut r, 0, lineage)? {
+                Some(l) => lineages.push(l),
+                None => without += 1,
+            }
+        }
+        Ok((lineages, without))
+    }
+
+    /// The expected `rows` (JSON objects with their lineage in `lineage`) whose row of that
+    /// lineage differs, and in which columns: each expected value typed as a write types it,
+    /// compared as the server compares it with the column (`<=>`).
+    pub fn differing(
+        &self,
+        conn: &Conn,
+        rows: &[(usize, String)],
+        lineage: &str,
+    ) -> Result<Vec<(usize, Vec<String>)>, Failure> {
+        let (from, values) = self.source();
+        let at = |name: &str| self.columns.iter().position(|c| c.name == name);
+        let l = at(lineage).ok_or_else(|| Failure::client(format!("no column {lineage}")))?;
+        let differs: Vec<(String, String)> = (self.columns.iter().enumerate())
+            .filter(|(i, _)| *i != l)
+            .map(|(i, c)| {
+                let name = column(&c.name);
+                let same = match c.generated_when_null {
+                    // The server's value stands where the row has none.
+                    true => format!("{0} IS NULL OR {0} <=> t.{name}", values[i]),
+                    false => format!("{} <=> t.{name}", values[i]),
+                };
+                (c.name.clone(), format!("NOT ({same})"))
+            })
+            .collect();
+        if differs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let names: Vec<String> = (differs.iter())
+            .map(|(n, d)| format!("IF({d}, {}, NULL)", literal(n)))
+            .collect();
+        let any: Vec<&str> = differs.iter().map(|(_, d)| d.as_str()).collect();
+        let sql = format!(
+            "SELECT r.{ORDINALITY}, CONCAT_WS(CHAR(31), {names}) {from}
+             JOIN {t} AS t ON t.{lc} = {le} WHERE {any}",
+            t = self.name,
+            names = names.join(", "),
+            lc = column(lineage),
+            le = values[l],
+            any = any.join(" OR "),
+        );
+        self.compare(conn, rows, &sql, |r| {
+            let names = text(r, 1, "columns")?.unwrap_or_default();
+            Ok(names.split('\u{1f}').map(str::to_string).collect())
+        })
+    }
+
+    /// For each expected row, the lineage of the row at its key (`None`: none there, or no
+    /// key rows set).
+    pub fn holders(
+        &self,
+        conn: &Conn,
+        rows: &[(usize, String)],
+        lineage: &str,
+    ) -> Result<Vec<(usize, Option<String>)>, Failure> {
+        if self.key.is_empty() {
+            return Ok(rows.iter().map(|(i, _)| (*i, None)).collect());
+        }
+        let (from, values) = self.source();
+        let on: Vec<String> = (self.key.iter())
+            .map(|i| format!("t.{} = {}", column(&self.columns[*i].name), values[*i]))
+            .collect();
+        let sql = format!(
+            "SELECT r.{ORDINALITY}, t.{l} {from} LEFT JOIN {t} AS t ON {on}",
+            t = self.name,
+            l = column(lineage),
+            on = on.join(" AND "),
+        );
+        self.compare(conn, rows, &sql, |r| text(r, 1, lineage))
+    }
+
+    /// Runs `sql` (over one JSON array of rows; its first column the row's ordinality in it)
+    /// on `rows` in batches: each answer with its row's index.
+    fn compare<T>(
+        &self,
+        conn: &Conn,
+        rows: &[(usize, String)],
+        sql: &str,
+        take: impl Fn(&mut mysql_async::Row) -> Result<T, Failure>,
+    ) -> Result<Vec<(usize, T)>, Failure> {
+        let mut out = Vec::new();
+        for batch in rows.chunks(crate::db::COMPARED) {
+            let json = format!(
+                "[{}]",
+                batch
+                    .iter()
+                    .map(|r| r.1.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+            let got: Vec<mysql_async::Row> = conn.call(async |c| c.exec(sql, (json,)).await)?;
+            for mut r in got {
+                let ordinality = super::bigint(&mut r, 0, "ordinality")?.unwrap_or_default();
+                let row = usize::try_from(ordinality - 1)
+                    .ok()
+                    .and_then(|i| batch.get(i))
+                    .ok_or_else(|| Failure::client(format!("no row {ordinality} sent")))?;
+                out.push((row.0, take(&mut r)?));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The ordinality column of a batch's `JSON_TABLE`.
+const ORDINALITY: &str = "`exactly ordinality`";
+
+/// A text as an SQL literal (the session's sql_mode has backslash escapes).
+fn literal(s: &str) -> String {
+    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "''"))
 }
 
 /// The JSON path of field `name`, as an SQL string literal's contents: `$."name"`.
@@ -423,6 +564,20 @@ impl DeadLetters {
         ))
     }
 
+    /// Every copy's lineage and reason.
+    pub fn read(&self, conn: &Conn) -> Result<Vec<DeadLetterRead>, Failure> {
+        let sql = format!("SELECT lineage, reason FROM {}", self.quoted);
+        let rows: Vec<mysql_async::Row> = conn.call(async |c| c.query(sql).await)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for mut r in rows {
+            out.push(DeadLetterRead {
+                lineage: text(&mut r, 0, "lineage")?,
+                reason: text(&mut r, 1, "reason")?,
+            });
+        }
+        Ok(out)
+    }
+
     /// Writes `copies` in the open transaction, in statements under the packet budget.
     pub fn write(&self, conn: &Conn, copies: &[DeadLetter]) -> Result<(), Failure> {
         let budget = budget(conn.max_packet());
@@ -483,6 +638,7 @@ mod tests {
                     name: "id".into(),
                     shape: Shape::Plain,
                     sort: Sort::Signed,
+                    generated_when_null: false,
                 },
                 Column {
                     name: "name".into(),
@@ -491,6 +647,7 @@ mod tests {
                         charset: "utf8mb4".into(),
                         collation: "utf8mb4_general_ci".into(),
                     },
+                    generated_when_null: false,
                 },
             ],
             key: vec![0],

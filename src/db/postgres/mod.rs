@@ -15,8 +15,8 @@ use std::time::Duration;
 use tokio_postgres::{Client, NoTls};
 
 use super::{
-    Advance, Bounds, Claimed, DeadLetter, Described, Failure, Kind, NotOpen, Session, Step, Target,
-    Unwritten, Write,
+    Advance, Bounds, Claimed, DeadLetter, DeadLetterRead, Described, Failure, Kind, NotOpen,
+    ReadTarget, Reader, Session, Step, Target, Unwritten, Write,
 };
 
 impl From<tokio_postgres::Error> for Failure {
@@ -310,6 +310,57 @@ impl Session for Pg {
         partitions: &[(i32, Option<i64>)],
     ) -> Result<Vec<Claimed>, Failure> {
         self.offsets.claim(&self.db, topic, partitions)
+    }
+}
+
+/// PostgreSQL as the audit reads it.
+pub struct PgReader {
+    db: Db,
+    table: rows::Table,
+    lineage: String,
+    dead: rows::DeadLetters,
+}
+
+impl PgReader {
+    /// Connects and describes the rows' table.
+    pub fn open(target: &ReadTarget) -> Result<(PgReader, Described), NotOpen> {
+        let at = |step: Step| move |failure: Failure| NotOpen { step, failure };
+        let dead = rows::DeadLetters::new(&target.dead).map_err(|m| NotOpen {
+            step: Step::Dead,
+            failure: Failure {
+                kind: Kind::Setup,
+                ..Failure::client(m)
+            },
+        })?;
+        let db = Db::connect(&target.url, target.password.as_deref(), target.bounds)
+            .map_err(at(Step::Connect))?;
+        let table = rows::Table::describe(&db, &target.rows).map_err(at(Step::Rows))?;
+        let described = table.described();
+        let reader = PgReader {
+            db,
+            table,
+            lineage: target.lineage_column.clone(),
+            dead,
+        };
+        Ok((reader, described))
+    }
+}
+
+impl Reader for PgReader {
+    fn lineages(&self) -> Result<(Vec<String>, usize), Failure> {
+        self.table.lineages(&self.db, &self.lineage)
+    }
+
+    fn dead_letters(&self) -> Result<Vec<DeadLetterRead>, Failure> {
+        self.dead.read(&self.db)
+    }
+
+    fn differing(&self, rows: &[(usize, String)]) -> Result<Vec<(usize, Vec<String>)>, Failure> {
+        self.table.differing(&self.db, rows, &self.lineage)
+    }
+
+    fn holders(&self, rows: &[(usize, String)]) -> Result<Vec<(usize, Option<String>)>, Failure> {
+        self.table.holders(&self.db, rows, &self.lineage)
     }
 }
 

@@ -10,7 +10,9 @@
 //! are written.
 
 use super::{Db, identifier};
-use crate::db::{DeadLetter, Described, Failure, Kind, Savepoint, Unwritten, Write, write_all};
+use crate::db::{
+    DeadLetter, DeadLetterRead, Described, Failure, Kind, Savepoint, Unwritten, Write, write_all,
+};
 
 /// A table as the catalog describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -99,6 +101,109 @@ impl Table {
         write_all(rows, &|some| self.statement(db, some, how), &savepoint)
     }
 
+    /// The lineage of every row, and how many rows have none.
+    pub fn lineages(&self, db: &Db, column: &str) -> Result<(Vec<String>, usize), Failure> {
+        let sql = format!("SELECT {} FROM {}", quote(column), self.name);
+        let rows = db.call(|c| async move { c.query(&sql, &[]).await })?;
+        let (mut lineages, mut without) = (Vec::with_capacity(rows.len()), 0);
+        for r in &rows {
+            match r.try_get::<_, Option<String>>(0)? {
+                Some(l) => lineages.push(l),
+                None => without += 1,
+            }
+        }
+        Ok((lineages, without))
+    }
+
+    /// The expected `rows` (JSON objects with their lineage in `column`) whose row of that
+    /// lineage differs, and in which columns; both sides typed by the columns (`to_jsonb`:
+    /// every type compares, json too).
+    pub fn differing(
+        &self,
+        db: &Db,
+        rows: &[(usize, String)],
+        column: &str,
+    ) -> Result<Vec<(usize, Vec<String>)>, Failure> {
+        let compared: Vec<&String> = self.columns.iter().filter(|c| *c != column).collect();
+        let differs =
+            |c: &String| format!("to_jsonb(e.{0}) IS DISTINCT FROM to_jsonb(t.{0})", quote(c));
+        let names: Vec<String> = (compared.iter())
+            .map(|c| format!("CASE WHEN {} THEN {} END", differs(c), literal(c)))
+            .collect();
+        let any: Vec<String> = compared.iter().map(|c| differs(c)).collect();
+        if any.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "SELECT e.ordinality::bigint, array_remove(ARRAY[{names}]::text[], NULL)
+             FROM json_populate_recordset(null::{t}, $1::text::json) WITH ORDINALITY AS e
+             JOIN {t} AS t ON t.{l} = e.{l}
+             WHERE {any}",
+            t = self.name,
+            l = quote(column),
+            names = names.join(", "),
+            any = any.join(" OR "),
+        );
+        self.compare(db, rows, &sql, |r| Ok(r.try_get::<_, Vec<String>>(1)?))
+    }
+
+    /// For each expected row, the lineage of the row at its key (`None`: none there, or no
+    /// key rows set).
+    pub fn holders(
+        &self,
+        db: &Db,
+        rows: &[(usize, String)],
+        column: &str,
+    ) -> Result<Vec<(usize, Option<String>)>, Failure> {
+        if self.key.is_empty() {
+            return Ok(rows.iter().map(|(i, _)| (*i, None)).collect());
+        }
+        let on: Vec<String> = (self.key.iter())
+            .map(|k| format!("t.{0} = e.{0}", quote(k)))
+            .collect();
+        let sql = format!(
+            "SELECT e.ordinality::bigint, t.{l}
+             FROM json_populate_recordset(null::{t}, $1::text::json) WITH ORDINALITY AS e
+             LEFT JOIN {t} AS t ON {on}",
+            t = self.name,
+            l = quote(column),
+            on = on.join(" AND "),
+        );
+        self.compare(db, rows, &sql, |r| Ok(r.try_get::<_, Option<String>>(1)?))
+    }
+
+    /// Runs `sql` (over `$1`, a JSON array of rows; its first column the row's ordinality
+    /// in it) on `rows` in batches: each answer with its row's index.
+    fn compare<T>(
+        &self,
+        db: &Db,
+        rows: &[(usize, String)],
+        sql: &str,
+        take: impl Fn(&tokio_postgres::Row) -> Result<T, Failure>,
+    ) -> Result<Vec<(usize, T)>, Failure> {
+        let mut out = Vec::new();
+        for batch in rows.chunks(crate::db::COMPARED) {
+            let json = format!(
+                "[{}]",
+                batch
+                    .iter()
+                    .map(|r| r.1.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+            let got = db.call(|c| async move { c.query(sql, &[&json]).await })?;
+            for r in &got {
+                let ordinality: i64 = r.try_get(0)?;
+                let row = usize::try_from(ordinality - 1)
+                    .ok()
+                    .and_then(|i| batch.get(i))
+                    .ok_or_else(|| Failure::client(format!("no row {ordinality} sent")))?;
+                out.push((row.0, take(r)?));
+            }
+        }
+        Ok(out)
+    }
+
     /// One statement writing `rows`.
     fn statement(&self, db: &Db, rows: &[&(usize, String)], how: Write) -> Result<(), Failure> {
         let mut json = String::with_capacity(rows.iter().map(|r| r.1.len() + 1).sum::<usize>() + 2);
@@ -158,6 +263,16 @@ impl Table {
     }
 }
 
+/// A column name quoted.
+fn quote(c: &str) -> String {
+    format!("\"{}\"", c.replace('"', "\"\""))
+}
+
+/// A text as an SQL literal.
+fn literal(c: &str) -> String {
+    format!("'{}'", c.replace('\'', "''"))
+}
+
 /// The dead-letter table: a copy of each record that could not be a row, written in the
 /// transaction that moves its offset, so a crash neither loses nor doubles it.
 #[derive(Clone, Debug)]
@@ -190,6 +305,19 @@ impl DeadLetters {
                written timestamptz NOT NULL DEFAULT now())",
             self.name
         ))
+    }
+
+    /// Every copy's lineage and reason.
+    pub fn read(&self, db: &Db) -> Result<Vec<DeadLetterRead>, Failure> {
+        let sql = format!("SELECT lineage, reason FROM {}", self.name);
+        let rows = db.call(|c| async move { c.query(&sql, &[]).await })?;
+        let read = |r: &tokio_postgres::Row| {
+            Ok::<_, Failure>(DeadLetterRead {
+                lineage: r.try_get(0)?,
+                reason: r.try_get(1)?,
+            })
+        };
+        rows.iter().map(read).collect()
     }
 
     /// Writes `copies` in the open transaction.
