@@ -26,8 +26,9 @@
 //!   [`sink::Sink`] seam in exactly's own terms (connect, begin, send, commit with offsets,
 //!   abort, refused records, what is committed, partitions claimed), one file per guarantee
 //!   ([`sink::exactly_once`]: transactions; [`sink::at_least_once`]: delivery-confirmed
-//!   units; [`sink::database`]: rows of a PostgreSQL table with the offsets in the same
-//!   database transaction, each partition claimed when assigned), the [`sink::Driver`] that turns a sink's failures into aborts and new clients and
+//!   units; [`sink::database`]: rows of a PostgreSQL, MySQL or MariaDB table with the offsets
+//!   in the same database transaction, each partition claimed when assigned), the
+//!   [`sink::Driver`] that turns a sink's failures into aborts and new clients and
 //!   says when a rewind is owed, [`sink::offsets`] (what a commit sends: past transaction
 //!   markers, never past a record not yet applied), [`sink::rejected`] (what the replay of a
 //!   record the broker refused sends instead), [`sink::routes`] (when a topic routed by the
@@ -66,14 +67,17 @@
 //! - [`offsets`]: where a group's offsets are kept, one file per store (the Kafka group,
 //!   Redis, MySQL, files), and `exactly offsets show|import|export`, which moves a position
 //!   between them; the audit reads the group's committed offsets through it.
-//! - [`db`]: PostgreSQL for [`sink::database`] (docs/database.md): one bounded connection
-//!   whose failures carry their SQLSTATE, the offsets table each partition's offset moves in
-//!   by compare-and-set on its owner's epoch, the rows' table and the dead-letter table.
+//! - [`db`]: the databases of [`sink::database`] (docs/database.md) behind one
+//!   [`db::Session`]: a bounded connection whose failures are classified by kind (not one
+//!   server's codes), the offsets table each partition's offset moves in by compare-and-set on
+//!   its owner's epoch, the rows' table and the dead-letter table; `db::postgres`,
+//!   `db::mysql` (MySQL, MariaDB, and the Spark recipes' `kafka_offset`); and
+//!   [`db::Reader`], what `exactly audit` reads of a table.
 //! - [`state_command`]: `exactly state show|import`: one key's windows in the dedup's
 //!   changelog, and the seed's Redis sets (`dau:<dt>`) loaded into it for the cut-over.
 //! - [`audit`]: `exactly audit`, which replays the transform (or the application's answers)
 //!   over a range of the input and matches every output to its input (lost, duplicated,
-//!   unexpected, order, hanging transactions).
+//!   unexpected, order, hanging transactions), in topics or in a database sink's table.
 //!
 //! [`run`] ties them together; `main.rs` only parses, installs signal handling and dispatches.
 

@@ -13,7 +13,7 @@
 //! What both share is here: the offsets' protocol ([`Claimed`], [`Advance`]: a partition is
 //! claimed with a new epoch, and its offset moves only by compare-and-set on (the offset its
 //! owner last wrote, that epoch)), the dead-letter copy, and the search for the rows at fault
-//! in a refused batch ([`bisect`]).
+//! in a refused batch (`bisect`).
 
 pub mod mysql;
 pub mod postgres;
