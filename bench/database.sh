@@ -4,6 +4,10 @@
 # this machine, and against exactly's own Kafka→Kafka exactly-once on the same records.
 #
 #   bench/database.sh [records]      (default 1,000,000)
+#   SYSTEMS="exactly-mysql" bench/database.sh    only some of exactly-postgres,
+#                                                connect-debezium-jdbc, exactly-kafka and
+#                                                exactly-mysql (exactly into MariaDB: not run
+#                                                by default)
 #
 # The input: Kafka Connect's JSON with schema (a sink connector needs the schema), the payload
 # ~200 B of five fields, 6 partitions, preloaded. Each system drains it from the start: exactly
@@ -16,6 +20,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 repo=$PWD
 count=${1:-1000000}
+systems=${SYSTEMS:-exactly-postgres connect-debezium-jdbc exactly-kafka}
+wants() { [[ " $systems " == *" $1 "* ]]; }
 
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
@@ -30,22 +36,29 @@ pg_port=${pg_port%%/*}
 cargo build -q --release -p exactly
 exactly=$repo/target/release/exactly
 peer=bench/peers/connect
-mvn -q -B -f "$peer/pom.xml" dependency:copy-dependencies -DincludeScope=runtime \
-  -DoutputDirectory=target/lib >&2
-archive=$peer/target/plugin-archive/debezium-connector-jdbc-3.3.1.Final-plugin.tar.gz
-if [ ! -f "$archive" ]; then
-  mvn -q -B dependency:copy -Dtransitive=false \
-    -Dartifact=io.debezium:debezium-connector-jdbc:3.3.1.Final:tar.gz:plugin \
-    -DoutputDirectory="$peer/target/plugin-archive" >&2
+if wants connect-debezium-jdbc; then
+  mvn -q -B -f "$peer/pom.xml" dependency:copy-dependencies -DincludeScope=runtime \
+    -DoutputDirectory=target/lib >&2
+  archive=$peer/target/plugin-archive/debezium-connector-jdbc-3.3.1.Final-plugin.tar.gz
+  if [ ! -f "$archive" ]; then
+    mvn -q -B dependency:copy -Dtransitive=false \
+      -Dartifact=io.debezium:debezium-connector-jdbc:3.3.1.Final:tar.gz:plugin \
+      -DoutputDirectory="$peer/target/plugin-archive" >&2
+  fi
+  mkdir -p "$connect_dir/plugins"
+  tar -xzf "$archive" -C "$connect_dir/plugins"
 fi
-mkdir -p "$connect_dir/plugins"
-tar -xzf "$archive" -C "$connect_dir/plugins"
 
 sql() { # statement
   PGPASSWORD=$EXACTLY_TEST_STORE_PASSWORD psql -qAt "$EXACTLY_TEST_POSTGRES_URL" -c "$1"
 }
 ddl='(seq bigint PRIMARY KEY, ts bigint, us bigint, name text, amount double precision)'
 sql "CREATE TABLE bench_exactly $ddl; CREATE TABLE bench_connect $ddl"
+mysql_sql() { # statement
+  mariadb --no-defaults --socket="$EXACTLY_TEST_MYSQL_SOCKET" -uroot -N offsets -e "$1"
+}
+mysql_sql "CREATE TABLE bench_exactly (seq BIGINT PRIMARY KEY, ts BIGINT, us BIGINT,
+           name TEXT, amount DOUBLE) ENGINE=InnoDB"
 
 topic in
 "${loadgen[@]}" preload --topic in --count "$count" --size 200 --connect-schema >&2
@@ -59,13 +72,25 @@ drain() { # system group pid
 }
 
 # exactly into PostgreSQL, exactly once.
+if wants exactly-postgres; then
 "$exactly" run --bootstrap-servers "$bootstrap" --input-topics in --group-id bench-db \
   --instance-id bench-db --db-url "$EXACTLY_TEST_POSTGRES_URL" \
   --db-password-env EXACTLY_TEST_STORE_PASSWORD --db-table bench_exactly --jq .payload \
   --log-format json --log-level warn --http-addr off 2>"$stores/exactly-db.log" &
 drain exactly-postgres bench-db $!
+fi
+
+# exactly into MariaDB, exactly once.
+if wants exactly-mysql; then
+"$exactly" run --bootstrap-servers "$bootstrap" --input-topics in --group-id bench-my \
+  --instance-id bench-my --db-url "$EXACTLY_TEST_MYSQL_URL" \
+  --db-password-env EXACTLY_TEST_STORE_PASSWORD --db-table bench_exactly --jq .payload \
+  --log-format json --log-level warn --http-addr off 2>"$stores/exactly-my.log" &
+drain exactly-mysql bench-my $!
+fi
 
 # Kafka Connect standalone with Debezium's JDBC sink, at least once, upsert by seq.
+if wants connect-debezium-jdbc; then
 cat >"$connect_dir/worker.properties" <<EOF
 bootstrap.servers=$bootstrap
 key.converter=org.apache.kafka.connect.storage.StringConverter
@@ -94,8 +119,10 @@ java ${CONNECT_HEAP:--Xmx1g} -cp "$repo/$peer/target/lib/*" \
   org.apache.kafka.connect.cli.ConnectStandalone "$connect_dir/worker.properties" \
   "$connect_dir/jdbc.properties" >"$stores/connect.log" 2>&1 &
 drain connect-debezium-jdbc connect-bench-connect $!
+fi
 
 # exactly Kafka→Kafka, exactly once, on the same records.
+if wants exactly-kafka; then
 topic out
 topic out.dlq
 "$exactly" run --bootstrap-servers "$bootstrap" --input-topics in --output-topic out \
@@ -103,7 +130,9 @@ topic out.dlq
   --http-addr off --producer-config linger.ms=5 --producer-config batch.size=262144 \
   2>"$stores/exactly-kafka.log" &
 drain exactly-kafka bench-kafka $!
+fi
 
 for t in bench_exactly bench_connect; do
   echo "{\"table\": \"$t\", \"rows\": $(sql "SELECT count(*) FROM $t"), \"distinct\": $(sql "SELECT count(DISTINCT seq) FROM $t")}"
 done
+echo "{\"table\": \"mariadb bench_exactly\", \"rows\": $(mysql_sql "SELECT count(*) FROM bench_exactly"), \"distinct\": $(mysql_sql "SELECT count(DISTINCT seq) FROM bench_exactly")}"
