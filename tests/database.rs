@@ -751,3 +751,104 @@ fn mysql_a_spark_job_keeping_offsets_in_kafka_offset_hands_over_without_replay()
     ));
     assert_eq!(owners, 2);
 }
+
+fn envelopes_into_two_tables(backend: Backend) {
+    // Each input upserts its account (key n % 50: one partition's keys only) and appends an
+    // event; every tenth deletes its account instead; input 13 names no table of the run.
+    let accounts = match backend {
+        Backend::Postgres => "id bigint PRIMARY KEY, balance bigint, lineage text",
+        Backend::Mysql => "id BIGINT PRIMARY KEY, balance BIGINT, lineage VARCHAR(255)",
+    };
+    let jq = r#"if .n == 13 then {table: "nope", row: {}}
+                elif .n % 10 == 9 then {table: "ACCOUNTS", op: "delete", row: {id: (.n % 50)}}
+                else {table: "ACCOUNTS", row: {id: (.n % 50), balance: .n}},
+                     {table: "EVENTS", op: "insert", row: {n: .n}} end"#;
+    let mut p = Pipeline::with(backend, "db-env", 2, accounts, jq);
+    let events = format!("{}_events", p.table);
+    let sql = p.sql();
+    sql.batch(&format!(
+        "CREATE TABLE {} ({})",
+        sql.quote(&events),
+        append_only(backend)
+    ));
+    p.jq = jq.replace("ACCOUNTS", &p.table).replace("EVENTS", &events);
+    let accounts_table = p.table.clone();
+    p.table = format!("{accounts_table},{events}");
+    p.db_args = [
+        "--db-envelope",
+        "--db-dlq-table",
+        &format!("{accounts_table}_dlq"),
+    ]
+    .map(String::from)
+    .to_vec();
+    let total = 3000;
+    let inputs = numbered(total, 2);
+    let args = ["--commit-interval", "30ms", "--max-records-per-txn", "200"];
+    // --db-mode insert in the base arguments: upserts are the envelopes' default here.
+    let start = |p: &Pipeline| {
+        let mut a = p.args("a", &args);
+        let at = a.iter().position(|a| a == "insert").unwrap();
+        a[at] = "upsert".into();
+        Exactly::start(&a)
+    };
+    produce(&p.topics.input, &inputs[..1000]);
+    let mut ex = start(&p);
+    p.wait_committed(300, Duration::from_secs(60), &[&ex]);
+    ex.kill9();
+    produce(&p.topics.input, &inputs[1000..]);
+    let mut ex = start(&p);
+    p.wait_committed(1500, Duration::from_secs(60), &[&ex]);
+    ex.kill9();
+    let mut ex = start(&p);
+    p.wait_committed(total as i64, Duration::from_secs(90), &[&ex]);
+    ex.stop_cleanly();
+    // What the inputs make of the tables, worked out apart from exactly.
+    let mut balances = std::collections::BTreeMap::new();
+    let mut appended = 0;
+    for n in 0..total as i64 {
+        match n {
+            13 => {}
+            _ if n % 10 == 9 => {
+                balances.remove(&(n % 50));
+            }
+            _ => {
+                balances.insert(n % 50, n);
+                appended += 1;
+            }
+        }
+    }
+    let got: std::collections::BTreeMap<i64, i64> = sql
+        .rows(&format!(
+            "SELECT id, balance FROM {}",
+            sql.quote(&accounts_table)
+        ))
+        .iter()
+        .map(|r| {
+            let n = |i: usize| r[i].as_deref().unwrap().parse::<i64>().unwrap();
+            (n(0), n(1))
+        })
+        .collect();
+    assert_eq!(got, balances, "{backend:?}");
+    let e = sql.quote(&events);
+    let (rows, distinct) = (
+        sql.count(&format!("SELECT count(*) FROM {e}")),
+        sql.count(&format!("SELECT count(DISTINCT n) FROM {e}")),
+    );
+    assert_eq!((rows, distinct), (appended, appended), "{backend:?}");
+    let dead = sql.rows(&format!(
+        "SELECT reason, lineage FROM {}",
+        sql.quote(&format!("{accounts_table}_dlq"))
+    ));
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0][0].as_deref(), Some("rejected_by_database"));
+}
+
+#[test]
+fn postgres_envelopes_upsert_insert_and_delete_across_two_tables_exactly_once() {
+    envelopes_into_two_tables(Backend::Postgres);
+}
+
+#[test]
+fn mysql_envelopes_upsert_insert_and_delete_across_two_tables_exactly_once() {
+    envelopes_into_two_tables(Backend::Mysql);
+}

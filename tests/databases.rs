@@ -26,7 +26,7 @@ fn target(backend: Backend, rows: &str, offsets: &str, group: &str, owner: &str)
             statement: Duration::from_secs(10),
             idle_in_transaction: Duration::from_secs(30),
         },
-        rows: rows.to_string(),
+        tables: vec![rows.to_string()],
         write: Write::Upsert,
         lineage_column: None,
         offsets: offsets.to_string(),
@@ -177,7 +177,7 @@ fn rows_upserted_and_refused(backend: Backend) {
             json!({"id": "1", "name": "a2 ✓ 😀", "n": 3, "extra": true}).to_string(),
         ),
     ];
-    s.write_rows(&batch).unwrap();
+    s.write_rows(0, Write::Upsert, &batch).unwrap();
     s.commit().unwrap();
     assert_eq!(
         rows_of(&sql, &table),
@@ -193,7 +193,7 @@ fn rows_upserted_and_refused(backend: Backend) {
         (4, json!({"id": 7, "n": 700}).to_string()),
         (5, json!({"id": 8, "n": {"an": "object"}}).to_string()),
     ];
-    match s.write_rows(&batch) {
+    match s.write_rows(0, Write::Upsert, &batch) {
         Err(Unwritten::Rows(refused)) => {
             let why: Vec<(usize, Kind)> = refused.iter().map(|(i, e)| (*i, e.kind)).collect();
             let object = match backend {
@@ -220,10 +220,31 @@ fn rows_upserted_and_refused(backend: Backend) {
     );
     // Rolled back, nothing.
     s.begin(false).unwrap();
-    s.write_rows(&[(0, json!({"id": 9, "n": 9}).to_string())])
-        .unwrap();
+    s.write_rows(
+        0,
+        Write::Upsert,
+        &[(0, json!({"id": 9, "n": 9}).to_string())],
+    )
+    .unwrap();
     s.rollback().unwrap();
     assert_eq!(rows_of(&sql, &table).len(), 3);
+    // Deleted by key (the rows need only the key; one not there is no failure), and an
+    // upsert after a delete of one key in one transaction: the later wins.
+    s.begin(false).unwrap();
+    let gone = [
+        json!({"id": 2}),
+        json!({"id": "6", "n": 1}),
+        json!({"id": 77}),
+    ];
+    let gone: Vec<(usize, String)> = gone.iter().map(|v| v.to_string()).enumerate().collect();
+    s.write_rows(0, Write::Delete, &gone).unwrap();
+    let back = [(0, json!({"id": 2, "name": "back", "n": 5}).to_string())];
+    s.write_rows(0, Write::Upsert, &back).unwrap();
+    s.commit().unwrap();
+    assert_eq!(
+        rows_of(&sql, &table),
+        [(1, Some("a2 ✓ 😀".into()), 3), (2, Some("back".into()), 5)]
+    );
     // Dead-letter copies, as they were.
     s.begin(false).unwrap();
     let copy = db::DeadLetter {
@@ -423,7 +444,7 @@ fn mysql_json_values_become_typed_columns_as_postgres_would_take_them() {
         "12345678901234567890.12345678901234567890",
         1,
     );
-    s.write_rows(&batch).unwrap();
+    s.write_rows(0, Write::Upsert, &batch).unwrap();
     s.commit().unwrap();
     let got = sql.rows(&format!(
         "SELECT k, t, amount, ok, doc, at, big FROM `{table}` ORDER BY k"
@@ -448,7 +469,7 @@ fn mysql_json_values_become_typed_columns_as_postgres_would_take_them() {
     // The first row on its own: every digit, the JSON document, the unsigned maximum.
     sql.batch(&format!("DELETE FROM `{table}`"));
     s.begin(false).unwrap();
-    s.write_rows(&batch[..1]).unwrap();
+    s.write_rows(0, Write::Upsert, &batch[..1]).unwrap();
     s.commit().unwrap();
     let got = sql.rows(&format!("SELECT amount, ok, doc, at, big FROM `{table}`"));
     assert_eq!(
@@ -479,7 +500,7 @@ fn mysql_batches_go_in_chunks_under_max_allowed_packet_and_a_row_over_it_is_the_
         .map(|i| (i, json!({"id": i, "payload": payload}).to_string()))
         .collect();
     s.begin(false).unwrap();
-    s.write_rows(&rows).unwrap();
+    s.write_rows(0, Write::Upsert, &rows).unwrap();
     s.commit().unwrap();
     let written = sql.count(&format!(
         "SELECT count(*) FROM `{table}` WHERE LENGTH(payload) = {}",
@@ -490,7 +511,7 @@ fn mysql_batches_go_in_chunks_under_max_allowed_packet_and_a_row_over_it_is_the_
     let huge = json!({"id": 100, "payload": "y".repeat(packet)}).to_string();
     let batch = [(0, json!({"id": 99}).to_string()), (1, huge)];
     s.begin(false).unwrap();
-    match s.write_rows(&batch) {
+    match s.write_rows(0, Write::Upsert, &batch) {
         Err(Unwritten::Rows(refused)) => {
             assert_eq!(refused.len(), 1, "{refused:?}");
             assert_eq!(

@@ -47,14 +47,22 @@ pub struct DbArgs {
     pub db_password_file: Option<std::path::PathBuf>,
 
     /// The table outputs are written to (`table` or `schema.table`): each output's value is a
-    /// JSON object whose fields are its columns (a column missing is NULL).
+    /// JSON object whose fields are its columns (a column missing is NULL). With
+    /// --db-envelope, the tables outputs may name, comma-separated, the first the default.
     #[arg(
         long,
         env = "EXACTLY_DB_TABLE",
         value_name = "TABLE",
+        value_delimiter = ',',
         requires = "db_url"
     )]
-    pub db_table: Option<String>,
+    pub db_table: Vec<String>,
+
+    /// Each output is an envelope {"table", "op", "row"}: the row goes into (or with op
+    /// "delete", out of) the table named (one of --db-table; default the first), by op
+    /// insert, upsert or delete (default --db-mode); a delete's row needs only its key.
+    #[arg(long, env = "EXACTLY_DB_ENVELOPE", requires = "db_url")]
+    pub db_envelope: bool,
 
     /// upsert: a row replaces the one of its primary key. insert: rows are appended; a row
     /// whose key is taken is the record's fault (--on-error).
@@ -133,8 +141,10 @@ pub struct DbConfig {
     pub url: String,
     /// Password, kept out of the URL.
     pub password: Option<String>,
-    /// The rows' table.
-    pub table: String,
+    /// The rows' tables, the first the default.
+    pub tables: Vec<String>,
+    /// Each output is an envelope naming its table and operation.
+    pub envelope: bool,
     /// How rows are written.
     pub mode: DbMode,
     /// The offsets table.
@@ -167,7 +177,15 @@ impl DbArgs {
         let Some(url) = &self.db_url else {
             return Ok(None);
         };
-        let table = self.db_table.clone().unwrap_or_default();
+        let tables = self.db_table.clone();
+        let Some(table) = tables.first().cloned() else {
+            return Err(Error::Config("--db-table: required with --db-url".into()));
+        };
+        if tables.len() > 1 && !self.db_envelope {
+            return Err(Error::Config(
+                "--db-table: several tables need --db-envelope (outputs name theirs)".into(),
+            ));
+        }
         let backend = Backend::of(url).map_err(|e| Error::Config(format!("--db-url: {e}")))?;
         let layout = match (self.db_offsets_layout, backend) {
             (OffsetsLayout::Exactly, _) => Layout::Exactly,
@@ -190,7 +208,9 @@ impl DbArgs {
                 .map(|_| ())
                 .map_err(|e| Error::Config(format!("{flag}: {e}")))
         };
-        name("--db-table", &table)?;
+        for t in &tables {
+            name("--db-table", t)?;
+        }
         name("--db-offsets-table", &offsets_table)?;
         let dlq_table = (self.db_dlq_table.clone()).unwrap_or_else(|| format!("{table}_dlq"));
         name("--db-dlq-table", &dlq_table)?;
@@ -198,7 +218,7 @@ impl DbArgs {
             ("--db-offsets-table", &offsets_table),
             ("--db-dlq-table", &dlq_table),
         ] {
-            if *other == table {
+            if tables.contains(other) {
                 return Err(Error::Config(format!(
                     "{flag}: '{other}' is also the --db-table"
                 )));
@@ -224,10 +244,11 @@ impl DbArgs {
             ));
         }
         Ok(Some(DbConfig {
+            envelope: self.db_envelope,
             backend,
             url: url.clone(),
             password,
-            table,
+            tables,
             mode: self.db_mode,
             offsets_table,
             layout,
@@ -398,7 +419,7 @@ impl DbConfig {
                 // waits for.
                 idle_in_transaction: self.statement_timeout,
             },
-            rows: self.table.clone(),
+            tables: self.tables.clone(),
             write: match self.mode {
                 DbMode::Upsert => Write::Upsert,
                 DbMode::Insert => Write::Insert,
@@ -422,7 +443,8 @@ mod tests {
             db_url: Some(url.into()),
             db_password_env: None,
             db_password_file: None,
-            db_table: Some("rows".into()),
+            db_table: vec!["rows".into()],
+            db_envelope: false,
             db_mode: DbMode::Upsert,
             db_offsets_table: None,
             db_offsets_layout: OffsetsLayout::Exactly,
@@ -476,7 +498,7 @@ mod tests {
         a.db_offsets_table = Some("rows".into());
         assert!(refused(&a).starts_with("--db-offsets-table: "));
         let mut a = args("mysql://etl@db:3306/shop");
-        a.db_table = Some("rows`; drop".into());
+        a.db_table = vec!["rows`; drop".into()];
         assert!(refused(&a).starts_with("--db-table: "));
     }
 }

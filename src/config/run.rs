@@ -590,7 +590,7 @@ impl RunArgs {
     /// Where outputs go: the output topic, or the database sink's table (the name its
     /// records are addressed to).
     fn output(&self) -> &str {
-        match (&self.output_topic, &self.db.db_table) {
+        match (&self.output_topic, self.db.db_table.first()) {
             (Some(t), _) | (None, Some(t)) => t,
             (None, None) => "",
         }

@@ -65,6 +65,20 @@ pub enum Write {
     Upsert,
     /// A row whose key is taken (in the table or earlier in the batch) is the row's fault.
     Insert,
+    /// The rows of the batch's keys go (the rows need only their key's fields).
+    Delete,
+}
+
+impl Write {
+    /// `insert`, `upsert` or `delete`: an envelope's `op`.
+    pub fn of(op: &str) -> Option<Write> {
+        match op {
+            "upsert" => Some(Write::Upsert),
+            "insert" => Some(Write::Insert),
+            "delete" => Some(Write::Delete),
+            _ => None,
+        }
+    }
 }
 
 /// What kind of failure a database call met, as the sink must react.
@@ -217,11 +231,12 @@ pub struct Target {
     pub password: Option<String>,
     /// The server's bounds, and the client's.
     pub bounds: Bounds,
-    /// The rows' table (`table` or `schema.table`).
-    pub rows: String,
-    /// How rows are written.
+    /// The rows' tables (`table` or `schema.table`), the first the one rows go to unless an
+    /// envelope names another.
+    pub tables: Vec<String>,
+    /// How rows are written unless an envelope says otherwise.
     pub write: Write,
-    /// A text column of the rows' table that takes each row's lineage.
+    /// A text column of every rows' table that takes each row's lineage.
     pub lineage_column: Option<String>,
     /// The offsets table, and its layout.
     pub offsets: String,
@@ -266,15 +281,22 @@ pub trait Session: Send {
     /// Whether calls can go through this connection: it is open, and no call ran past its
     /// bound on it.
     fn usable(&self) -> bool;
+    /// The rows' tables, as the catalog describes them, in the order of [`Target::tables`].
+    fn tables(&self) -> &[Described];
     /// Opens a transaction; `immediate`: deferred constraints are checked at each statement
     /// (a COMMIT was refused for them).
     fn begin(&self, immediate: bool) -> Result<(), Failure>;
-    /// Writes `rows` (each a JSON object's text: field → column, typed by the server from
-    /// the text as written; a field missing is NULL, one without a column ignored) with
-    /// their indexes, in the open transaction, sorted by key (writers of one table lock its
-    /// rows in one order). Rows refused for their data are found and named; the others are
-    /// written.
-    fn write_rows(&self, rows: &[(usize, String)]) -> Result<(), Unwritten>;
+    /// Writes `rows` into table `table` (an index into [`Session::tables`]) as `how` says
+    /// (each a JSON object's text: field → column, typed by the server from the text as
+    /// written; a field missing is NULL, one without a column ignored) with their indexes, in
+    /// the open transaction, sorted by key (writers of one table lock its rows in one order).
+    /// Rows refused for their data are found and named; the others are written.
+    fn write_rows(
+        &self,
+        table: usize,
+        how: Write,
+        rows: &[(usize, String)],
+    ) -> Result<(), Unwritten>;
     /// Writes dead-letter `copies` in the open transaction.
     fn write_dead(&self, copies: &[DeadLetter]) -> Result<(), Failure>;
     /// Moves the offsets of `topic` in the open transaction, each by compare-and-set on its
@@ -304,15 +326,9 @@ pub fn open(target: &Target) -> Result<Box<dyn Session>, NotOpen> {
         step: Step::Connect,
         failure,
     })?;
-    let (session, table): (Box<dyn Session>, Described) = match target.backend {
-        Backend::Postgres => {
-            let (s, t) = postgres::Pg::open(target)?;
-            (Box::new(s), t)
-        }
-        Backend::Mysql => {
-            let (s, t) = mysql::My::open(target)?;
-            (Box::new(s), t)
-        }
+    let session: Box<dyn Session> = match target.backend {
+        Backend::Postgres => Box::new(postgres::Pg::open(target)?),
+        Backend::Mysql => Box::new(mysql::My::open(target)?),
     };
     let setup = |message: String| NotOpen {
         step: Step::Rows,
@@ -321,20 +337,22 @@ pub fn open(target: &Target) -> Result<Box<dyn Session>, NotOpen> {
             ..Failure::client(message)
         },
     };
-    if target.write == Write::Upsert && table.key.is_empty() {
+    let (names, tables) = (&target.tables, session.tables());
+    if target.write != Write::Insert
+        && let Some(first) = tables.first()
+        && first.key.is_empty()
+    {
         return Err(setup(format!(
             "table {} has no primary key that rows set (none, or one the server generates): \
              rows are upserted by it (or choose --db-mode insert)",
-            target.rows
+            names[0]
         )));
     }
     if let Some(column) = &target.lineage_column
-        && !table.columns.contains(column)
+        && let Some((name, _)) =
+            (names.iter().zip(tables)).find(|(_, t)| !t.columns.contains(column))
     {
-        return Err(setup(format!(
-            "table {} has no column '{column}'",
-            target.rows
-        )));
+        return Err(setup(format!("table {name} has no column '{column}'")));
     }
     Ok(session)
 }

@@ -27,7 +27,9 @@ use super::{
 };
 use crate::config::TestSwitches;
 use crate::config::db::DbConfig;
-use crate::db::{self, Advance, DeadLetter, Failure, Kind, NotOpen, Session, Step, Unwritten};
+use crate::db::{
+    self, Advance, DeadLetter, Failure, Kind, NotOpen, Session, Step, Unwritten, Write,
+};
 use crate::error::Error;
 use crate::events::{AbortReason, DatabaseCommitted, DatabaseFailed, PartitionsFenced, RowRefused};
 use crate::headers::{ERROR_REASON, LINEAGE};
@@ -42,6 +44,18 @@ struct Claim {
     epoch: i64,
 }
 
+/// An output with `--db-envelope`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Envelope<'a> {
+    #[serde(default, borrow)]
+    table: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    op: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    row: &'a serde_json::value::RawValue,
+}
+
 /// The database sink.
 pub struct Database {
     config: DbConfig,
@@ -52,9 +66,14 @@ pub struct Database {
     dlq: String,
     /// `None` until connected, and after the connection was lost.
     db: Option<Box<dyn Session>>,
-    /// The open unit: rows (with their send's index), dead-letter copies, and the sends
+    /// The rows' tables as the catalog described them at the last connect (an envelope's
+    /// row is judged by them as it is sent).
+    tables: Vec<db::Described>,
+    /// The open unit: its rows in the order sent (with their send's index), each one's table
+    /// (an index into the configured tables) and operation, dead-letter copies, and the sends
     /// refused before any reached the database.
     rows: Vec<(usize, String)>,
+    ops: Vec<(usize, Write)>,
     copies: Vec<DeadLetter>,
     rejections: Vec<Rejection>,
     /// The partitions claimed, by the offsets table's answer. Behind a lock because reading
@@ -85,7 +104,9 @@ impl Database {
             output: output.to_string(),
             dlq: config.dlq_topic.clone(),
             db: None,
+            tables: Vec::new(),
             rows: Vec::new(),
+            ops: Vec::new(),
             copies: Vec::new(),
             rejections: Vec::new(),
             claims: Mutex::new(HashMap::new()),
@@ -136,6 +157,7 @@ impl Database {
         self.db = None;
         match self.open() {
             Ok(db) => {
+                self.tables = db.tables().to_vec();
                 self.db = Some(db);
                 Ok(())
             }
@@ -210,6 +232,38 @@ impl Database {
         Ok(moves)
     }
 
+    /// What output `out` changes: its table and operation (the configured ones, or its
+    /// envelope's), and its row; `Err`: why it is no change, the record's fault.
+    fn change(&self, out: &Outgoing<'_>) -> Result<((usize, Write), String), &'static str> {
+        let value = out.value.as_deref().unwrap_or_default();
+        let (table, how, row) = if self.config.envelope {
+            let e: Envelope<'_> = serde_json::from_slice(value).map_err(|_| "BAD_ENVELOPE")?;
+            let table = match e.table.as_deref() {
+                None => 0,
+                Some(name) => (self.config.tables.iter())
+                    .position(|t| t == name)
+                    .ok_or("NOT_A_TABLE")?,
+            };
+            let how = match e.op.as_deref() {
+                None => self.target.write,
+                Some(op) => Write::of(op).ok_or("BAD_ENVELOPE")?,
+            };
+            (table, how, e.row.get().as_bytes())
+        } else {
+            (0, self.target.write, value)
+        };
+        if how != Write::Insert && self.tables.get(table).is_some_and(|t| t.key.is_empty()) {
+            return Err("NO_PRIMARY_KEY");
+        }
+        let lineage = header(out, LINEAGE);
+        let lineage = match how {
+            Write::Delete => None,
+            _ => (self.config.lineage_column.as_deref()).map(|c| (c, lineage.as_deref())),
+        };
+        let row = db::row_text(row, lineage).ok_or("NOT_A_JSON_OBJECT")?;
+        Ok(((table, how), row))
+    }
+
     /// Testing only: whether this commit's answer is to be lost.
     fn lose_answer(&mut self) -> bool {
         let Some((every, commits)) = &mut self.lose_answers else {
@@ -221,8 +275,9 @@ impl Database {
 
     /// The open unit's rows, copies and offsets, in one transaction, committed.
     fn write(&mut self, moves: &BTreeMap<String, Vec<Advance>>) -> Result<(), Failed> {
-        let (rows, copies) = (
+        let (rows, ops, copies) = (
             std::mem::take(&mut self.rows),
+            std::mem::take(&mut self.ops),
             std::mem::take(&mut self.copies),
         );
         self.ensure()?;
@@ -233,7 +288,7 @@ impl Database {
         if let Err(f) = db.begin(self.immediate) {
             return Err(self.failed(f, "beginning"));
         }
-        match db.write_rows(&rows) {
+        match write_changes(db, &rows, &ops) {
             Ok(()) => {}
             Err(Unwritten::Rows(refused)) => {
                 for (index, f) in &refused {
@@ -319,7 +374,8 @@ impl Sink for Database {
     fn connect(&mut self, _bounds: &Bounds) -> Result<(), NotConnected> {
         self.db = None;
         let db = self.open()?;
-        info!(table = %self.config.table, offsets = %self.config.offsets_table, "connected to the database");
+        info!(tables = ?self.config.tables, offsets = %self.config.offsets_table, "connected to the database");
+        self.tables = db.tables().to_vec();
         self.db = Some(db);
         Ok(())
     }
@@ -327,6 +383,7 @@ impl Sink for Database {
     fn begin(&mut self, _bounds: &Bounds) -> Result<(), Failed> {
         // The database transaction is the commit's: nothing stays open between records.
         self.rows.clear();
+        self.ops.clear();
         self.copies.clear();
         self.rejections.clear();
         Ok(())
@@ -346,13 +403,14 @@ impl Sink for Database {
                 error: "NOT_THE_TABLE",
             });
         }
-        let lineage = header(out, LINEAGE);
-        let lineage = (self.config.lineage_column.as_deref()).map(|c| (c, lineage.as_deref()));
-        match out.value.as_deref().and_then(|v| db::row_text(v, lineage)) {
-            Some(text) => self.rows.push((index, text)),
-            None => self.rejections.push(Rejection {
+        match self.change(out) {
+            Ok((op, row)) => {
+                self.ops.push(op);
+                self.rows.push((index, row));
+            }
+            Err(error) => self.rejections.push(Rejection {
                 index,
-                error: "NOT_A_JSON_OBJECT",
+                error,
                 named: true,
                 alone: true,
             }),
@@ -532,6 +590,33 @@ impl Sink for Database {
     }
 }
 
+/// Writes `rows` in the open transaction, in the order sent, each into the table and by the
+/// operation of its `ops`: each run of one table and operation one batch (rows of one key
+/// in it: the last wins; across runs, later runs after earlier ones). The rows refused, of
+/// every run.
+fn write_changes(
+    db: &dyn Session,
+    rows: &[(usize, String)],
+    ops: &[(usize, Write)],
+) -> Result<(), Unwritten> {
+    let mut refused = Vec::new();
+    let mut start = 0;
+    for run in ops.chunk_by(|a, b| a == b) {
+        let (table, how) = run[0];
+        let end = start + run.len();
+        match db.write_rows(table, how, &rows[start..end]) {
+            Ok(()) => {}
+            Err(Unwritten::Rows(r)) => refused.extend(r),
+            Err(batch) => return Err(batch),
+        }
+        start = end;
+    }
+    if refused.is_empty() {
+        return Ok(());
+    }
+    Err(Unwritten::Rows(refused))
+}
+
 /// The last value of header `name` as text (exactly's own come after the input's).
 fn header(out: &Outgoing<'_>, name: &str) -> Option<String> {
     (out.headers.iter())
@@ -606,7 +691,8 @@ mod tests {
             backend: db::Backend::Postgres,
             url: "postgres://x@127.0.0.1:1/db".into(),
             password: None,
-            table: "rows".into(),
+            tables: vec!["rows".into()],
+            envelope: false,
             mode: crate::config::db::DbMode::Upsert,
             offsets_table: "exactly_offsets".into(),
             layout: db::Layout::Exactly,
@@ -683,5 +769,129 @@ mod tests {
             db.send(elsewhere, &bounds),
             Err(Failed::Unroutable { .. })
         ));
+    }
+
+    #[test]
+    fn envelopes_name_their_table_and_operation_and_a_bad_one_is_the_records_fault() {
+        use rdkafka::message::{Header, OwnedHeaders};
+        let mut db = sink(Some("lineage"));
+        db.config.envelope = true;
+        db.config.tables = vec!["orders".into(), "lines".into(), "log".into()];
+        let table = |key: &[&str]| db::Described {
+            columns: vec!["id".into(), "lineage".into()],
+            key: key.iter().map(|k| k.to_string()).collect(),
+        };
+        db.tables = vec![table(&["id"]), table(&["id"]), table(&[])];
+        let change = |db: &Database, value: &str| {
+            let out = Outgoing {
+                topic: None,
+                partition: None,
+                key: None,
+                value: Some(std::borrow::Cow::Owned(value.as_bytes().to_vec())),
+                headers: OwnedHeaders::new().insert(Header {
+                    key: LINEAGE,
+                    value: Some("in/0/7/0".as_bytes()),
+                }),
+            };
+            db.change(&out)
+        };
+        let (op, row) = change(&db, r#"{"row": {"id": 1}}"#).unwrap();
+        assert_eq!(op, (0, Write::Upsert));
+        assert!(row.contains(r#""lineage":"in/0/7/0""#), "{row}");
+        let (op, row) = change(
+            &db,
+            r#"{"table": "lines", "op": "delete", "row": {"id": 2}}"#,
+        )
+        .unwrap();
+        assert_eq!((op, row.contains("lineage")), ((1, Write::Delete), false));
+        let (op, _) = change(&db, r#"{"table": "log", "op": "insert", "row": {"id": 3}}"#).unwrap();
+        assert_eq!(op, (2, Write::Insert));
+        for (value, why) in [
+            (r#"{"table": "nope", "row": {}}"#, "NOT_A_TABLE"),
+            (r#"{"op": "merge", "row": {}}"#, "BAD_ENVELOPE"),
+            (r#"{"rows": {}}"#, "BAD_ENVELOPE"),
+            (r#"{"row": {}, "extra": 1}"#, "BAD_ENVELOPE"),
+            (r#"[1]"#, "BAD_ENVELOPE"),
+            (r#"{"row": [1]}"#, "NOT_A_JSON_OBJECT"),
+            // A table whose key the server makes: nothing to delete or upsert by.
+            (
+                r#"{"table": "log", "op": "delete", "row": {"id": 1}}"#,
+                "NO_PRIMARY_KEY",
+            ),
+        ] {
+            assert_eq!(change(&db, value).err(), Some(why), "{value}");
+        }
+    }
+
+    /// A session that records what it was asked to write.
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<(usize, Write, Vec<usize>)>>);
+
+    impl Session for Recorder {
+        fn usable(&self) -> bool {
+            true
+        }
+        fn tables(&self) -> &[db::Described] {
+            &[]
+        }
+        fn begin(&self, _: bool) -> Result<(), Failure> {
+            Ok(())
+        }
+        fn write_rows(
+            &self,
+            t: usize,
+            how: Write,
+            rows: &[(usize, String)],
+        ) -> Result<(), Unwritten> {
+            let indexes = rows.iter().map(|r| r.0).collect();
+            self.0.lock().unwrap().push((t, how, indexes));
+            // Table 1 refuses row 4.
+            match rows.iter().find(|r| t == 1 && r.0 == 4) {
+                Some(r) => Err(Unwritten::Rows(vec![(r.0, Failure::client("no".into()))])),
+                None => Ok(()),
+            }
+        }
+        fn write_dead(&self, _: &[DeadLetter]) -> Result<(), Failure> {
+            Ok(())
+        }
+        fn advance(&self, _: &str, _: &[Advance]) -> Result<Vec<i32>, Failure> {
+            Ok(Vec::new())
+        }
+        fn commit(&self) -> Result<(), Failure> {
+            Ok(())
+        }
+        fn rollback(&self) -> Result<(), Failure> {
+            Ok(())
+        }
+        fn read(&self, _: &str, _: &[i32]) -> Result<Vec<db::Claimed>, Failure> {
+            Ok(Vec::new())
+        }
+        fn claim(&self, _: &str, _: &[(i32, Option<i64>)]) -> Result<Vec<db::Claimed>, Failure> {
+            Ok(Vec::new())
+        }
+    }
+
+    #[test]
+    fn changes_are_written_in_the_order_sent_a_batch_per_run_of_one_table_and_operation() {
+        let rows: Vec<(usize, String)> = (0..7).map(|i| (i, "{}".to_string())).collect();
+        let (u, d) = (Write::Upsert, Write::Delete);
+        let ops = [(0, u), (0, u), (1, u), (1, u), (1, u), (0, d), (0, u)];
+        let session = Recorder::default();
+        let refused = match write_changes(&session, &rows, &ops) {
+            Err(Unwritten::Rows(r)) => r.iter().map(|r| r.0).collect::<Vec<_>>(),
+            other => panic!("{other:?}"),
+        };
+        // A refusal in one run does not stop the later ones: every bad row of the unit named.
+        assert_eq!(refused, [4]);
+        let calls = session.0.into_inner().unwrap();
+        assert_eq!(
+            calls,
+            [
+                (0, u, vec![0, 1]),
+                (1, u, vec![2, 3, 4]),
+                (0, d, vec![5]),
+                (0, u, vec![6])
+            ]
+        );
     }
 }

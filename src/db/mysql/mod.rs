@@ -327,8 +327,8 @@ fn exists(conn: &Conn, name: &str) -> Result<bool, Failure> {
 /// catalog describes it, the offsets table and the dead-letter table.
 pub struct My {
     conn: Conn,
-    table: rows::Table,
-    write: Write,
+    tables: Vec<rows::Table>,
+    described: Vec<Described>,
     offsets: offsets::Offsets,
     dead: rows::DeadLetters,
 }
@@ -336,7 +336,7 @@ pub struct My {
 impl My {
     /// Connects, creates the offsets and dead-letter tables when missing, describes the
     /// rows' table.
-    pub fn open(target: &Target) -> Result<(My, Described), NotOpen> {
+    pub fn open(target: &Target) -> Result<My, NotOpen> {
         let at = |step: Step| move |failure: Failure| NotOpen { step, failure };
         let setup = |step: Step| {
             move |message: String| NotOpen {
@@ -355,27 +355,30 @@ impl My {
             .map_err(at(Step::Connect))?;
         offsets.create(&conn).map_err(at(Step::Offsets))?;
         dead.create(&conn).map_err(at(Step::Dead))?;
-        let table = rows::Table::describe(&conn, &target.rows).map_err(at(Step::Rows))?;
-        if target.write == Write::Upsert
-            && let Some(index) = table.other_unique()
-        {
-            // ON DUPLICATE KEY UPDATE fires on any unique index: a row would replace another
-            // key's.
-            return Err(setup(Step::Rows)(format!(
-                "table {} has a unique index besides its primary key ({index}): rows are \
-                 upserted by the primary key alone (or choose --db-mode insert)",
-                target.rows
-            )));
+        let tables = (target.tables.iter())
+            .map(|t| rows::Table::describe(&conn, t))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(at(Step::Rows))?;
+        for (name, table) in target.tables.iter().zip(&tables) {
+            if let Some(index) = table.other_unique()
+                && target.write == Write::Upsert
+            {
+                // ON DUPLICATE KEY UPDATE fires on any unique index: a row would replace
+                // another key's.
+                return Err(setup(Step::Rows)(format!(
+                    "table {name} has a unique index besides its primary key ({index}): rows \
+                     are upserted by the primary key alone (or choose --db-mode insert)"
+                )));
+            }
         }
-        let described = table.described();
-        let my = My {
+        let described = tables.iter().map(rows::Table::described).collect();
+        Ok(My {
             conn,
-            table,
-            write: target.write,
+            tables,
+            described,
             offsets,
             dead,
-        };
-        Ok((my, described))
+        })
     }
 }
 
@@ -389,8 +392,22 @@ impl Session for My {
         self.conn.batch("START TRANSACTION")
     }
 
-    fn write_rows(&self, rows: &[(usize, String)]) -> Result<(), Unwritten> {
-        self.table.write(&self.conn, rows, self.write)
+    fn tables(&self) -> &[Described] {
+        &self.described
+    }
+
+    fn write_rows(
+        &self,
+        table: usize,
+        how: Write,
+        rows: &[(usize, String)],
+    ) -> Result<(), Unwritten> {
+        match self.tables.get(table) {
+            Some(t) => t.write(&self.conn, rows, how),
+            None => Err(Unwritten::Batch(Failure::client(format!(
+                "no table {table}"
+            )))),
+        }
     }
 
     fn write_dead(&self, copies: &[DeadLetter]) -> Result<(), Failure> {

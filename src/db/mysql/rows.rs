@@ -237,7 +237,7 @@ impl Table {
         rows: &[(usize, String)],
         how: Write,
     ) -> Result<(), Unwritten> {
-        if how == Write::Upsert && self.key.is_empty() {
+        if how != Write::Insert && self.key.is_empty() {
             return Err(Unwritten::Batch(Failure::client(format!(
                 "table {} has no key to upsert by",
                 self.name
@@ -288,13 +288,27 @@ impl Table {
     /// The statement that writes one JSON array of rows.
     fn statement(&self, how: Write) -> String {
         let (from, values) = self.source();
+        if how == Write::Delete {
+            let keys: Vec<String> = (self.key.iter().enumerate())
+                .map(|(n, i)| format!("{} AS k{n}", values[*i]))
+                .collect();
+            let on: Vec<String> = (self.key.iter().enumerate())
+                .map(|(n, i)| format!("t.{} = e.k{n}", column(&self.columns[*i].name)))
+                .collect();
+            return format!(
+                "DELETE t FROM {tbl} AS t JOIN (SELECT {keys} {from}) AS e ON {on}",
+                tbl = self.name,
+                keys = keys.join(", "),
+                on = on.join(" AND "),
+            );
+        }
         let names: Vec<String> = self.columns.iter().map(|c| column(&c.name)).collect();
         let mut order: Vec<String> = (self.key.iter())
             .map(|i| sort(&self.columns[*i].sort, &values[*i]))
             .collect();
         order.push(format!("r.{ORDINALITY}"));
         let upsert = match how {
-            Write::Insert => String::new(),
+            Write::Insert | Write::Delete => String::new(),
             Write::Upsert => {
                 let update: Vec<String> = (self.columns.iter().enumerate())
                     .filter(|(i, _)| !self.key.contains(i))

@@ -227,8 +227,8 @@ pub fn identifier(name: &str) -> Result<String, String> {
 /// describes it, the offsets table and the dead-letter table.
 pub struct Pg {
     db: Db,
-    table: rows::Table,
-    write: Write,
+    tables: Vec<rows::Table>,
+    described: Vec<Described>,
     offsets: offsets::Offsets,
     dead: rows::DeadLetters,
 }
@@ -236,7 +236,7 @@ pub struct Pg {
 impl Pg {
     /// Connects, creates the offsets and dead-letter tables when missing, describes the
     /// rows' table.
-    pub fn open(target: &Target) -> Result<(Pg, Described), NotOpen> {
+    pub fn open(target: &Target) -> Result<Pg, NotOpen> {
         let at = |step: Step| move |failure: Failure| NotOpen { step, failure };
         let setup = |step: Step| {
             move |message: String| NotOpen {
@@ -254,16 +254,18 @@ impl Pg {
             .map_err(at(Step::Connect))?;
         offsets.create(&db).map_err(at(Step::Offsets))?;
         dead.create(&db).map_err(at(Step::Dead))?;
-        let table = rows::Table::describe(&db, &target.rows).map_err(at(Step::Rows))?;
-        let described = table.described();
-        let pg = Pg {
+        let tables = (target.tables.iter())
+            .map(|t| rows::Table::describe(&db, t))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(at(Step::Rows))?;
+        let described = tables.iter().map(rows::Table::described).collect();
+        Ok(Pg {
             db,
-            table,
-            write: target.write,
+            tables,
+            described,
             offsets,
             dead,
-        };
-        Ok((pg, described))
+        })
     }
 }
 
@@ -280,8 +282,22 @@ impl Session for Pg {
         }
     }
 
-    fn write_rows(&self, rows: &[(usize, String)]) -> Result<(), Unwritten> {
-        self.table.write(&self.db, rows, self.write)
+    fn tables(&self) -> &[Described] {
+        &self.described
+    }
+
+    fn write_rows(
+        &self,
+        table: usize,
+        how: Write,
+        rows: &[(usize, String)],
+    ) -> Result<(), Unwritten> {
+        match self.tables.get(table) {
+            Some(t) => t.write(&self.db, rows, how),
+            None => Err(Unwritten::Batch(Failure::client(format!(
+                "no table {table}"
+            )))),
+        }
     }
 
     fn write_dead(&self, copies: &[DeadLetter]) -> Result<(), Failure> {

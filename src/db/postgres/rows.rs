@@ -83,7 +83,7 @@ impl Table {
     /// column ignored) in the open transaction, each with its index in the batch. A batch
     /// refused for its data is written again in halves down to the rows at fault.
     pub fn write(&self, db: &Db, rows: &[(usize, String)], how: Write) -> Result<(), Unwritten> {
-        if how == Write::Upsert && self.key.is_empty() {
+        if how != Write::Insert && self.key.is_empty() {
             return Err(Unwritten::Batch(Failure::client(format!(
                 "table {} has no key to upsert by",
                 self.name
@@ -218,6 +218,19 @@ impl Table {
         let quote = |c: &String| format!("\"{}\"", c.replace('"', "\"\""));
         let columns: Vec<String> = self.columns.iter().map(quote).collect();
         let key: Vec<String> = self.key.iter().map(quote).collect();
+        if how == Write::Delete {
+            let on: Vec<String> = key.iter().map(|k| format!("t.{k} = r.{k}")).collect();
+            let sql = format!(
+                "DELETE FROM {t} AS t
+                 USING json_populate_recordset(null::{t}, $1::text::json) AS r
+                 WHERE {on}",
+                t = self.name,
+                on = on.join(" AND "),
+            );
+            return db
+                .call(|c| async move { c.execute(&sql, &[&json]).await })
+                .map(|_| ());
+        }
         let update: Vec<String> = (self.columns.iter())
             .filter(|c| !self.key.contains(c))
             .map(|c| format!("{0} = EXCLUDED.{0}", quote(c)))
@@ -234,7 +247,7 @@ impl Table {
                 on_conflict,
             ),
             // Every row, so a key twice in the batch is refused as one in the table is.
-            Write::Insert => (String::new(), String::new()),
+            Write::Insert | Write::Delete => (String::new(), String::new()),
         };
         let on_conflict = if on_conflict.is_empty() {
             String::new()
@@ -246,7 +259,7 @@ impl Table {
         let order = match how {
             _ if key.is_empty() => "r.ordinality".to_string(),
             Write::Upsert => format!("{}, r.ordinality DESC", of_r(&key).join(", ")),
-            Write::Insert => format!("{}, r.ordinality", of_r(&key).join(", ")),
+            Write::Insert | Write::Delete => format!("{}, r.ordinality", of_r(&key).join(", ")),
         };
         let sql = format!(
             "INSERT INTO {t} ({cols})
