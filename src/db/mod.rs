@@ -126,6 +126,14 @@ impl Failure {
         }
     }
 
+    /// A failure of the setup's (kind [`Kind::Setup`]): a table, a column, a name.
+    pub(crate) fn setup(message: String) -> Failure {
+        Failure {
+            kind: Kind::Setup,
+            ..Failure::client(message)
+        }
+    }
+
     /// A failure the connection does not survive.
     pub(crate) fn lost(message: String) -> Failure {
         Failure {
@@ -272,6 +280,21 @@ pub struct NotOpen {
     pub failure: Failure,
 }
 
+impl NotOpen {
+    /// A failure at `step`, as `map_err` takes it.
+    pub(crate) fn at(step: Step) -> impl Fn(Failure) -> NotOpen {
+        move |failure| NotOpen { step, failure }
+    }
+
+    /// A setup's failure (a name refused) at `step`, as `map_err` takes it.
+    pub(crate) fn setup(step: Step) -> impl Fn(String) -> NotOpen {
+        move |message| NotOpen {
+            step,
+            failure: Failure::setup(message),
+        }
+    }
+}
+
 /// A connection to the database with the sink's tables, described and checked: what the
 /// sink does in a commit's transaction, and around it.
 ///
@@ -330,13 +353,7 @@ pub fn open(target: &Target) -> Result<Box<dyn Session>, NotOpen> {
         Backend::Postgres => Box::new(postgres::Pg::open(target)?),
         Backend::Mysql => Box::new(mysql::My::open(target)?),
     };
-    let setup = |message: String| NotOpen {
-        step: Step::Rows,
-        failure: Failure {
-            kind: Kind::Setup,
-            ..Failure::client(message)
-        },
-    };
+    let setup = NotOpen::setup(Step::Rows);
     let (names, tables) = (&target.tables, session.tables());
     if target.write != Write::Insert
         && let Some(first) = tables.first()
@@ -419,16 +436,10 @@ pub fn open_reader(target: &ReadTarget) -> Result<Box<dyn Reader>, NotOpen> {
         }
     };
     if !table.columns.contains(&target.lineage_column) {
-        return Err(NotOpen {
-            step: Step::Rows,
-            failure: Failure {
-                kind: Kind::Setup,
-                ..Failure::client(format!(
-                    "table {} has no column '{}'",
-                    target.rows, target.lineage_column
-                ))
-            },
-        });
+        return Err(NotOpen::setup(Step::Rows)(format!(
+            "table {} has no column '{}'",
+            target.rows, target.lineage_column
+        )));
     }
     Ok(reader)
 }
@@ -449,7 +460,43 @@ pub fn row_text(value: &[u8], lineage: Option<(&str, Option<&str>)>) -> Option<S
 }
 
 /// Rows per statement of the audit's comparisons.
-pub(crate) const COMPARED: usize = 1000;
+const COMPARED: usize = 1000;
+
+/// Runs one comparison statement (`batch`: over a JSON array of rows, answering each with
+/// its row's 1-based ordinality in the array) on `rows`, in batches: each answer with its
+/// row's index.
+pub(crate) fn compare<T>(
+    rows: &[(usize, String)],
+    batch: impl Fn(String) -> Result<Vec<(i64, T)>, Failure>,
+) -> Result<Vec<(usize, T)>, Failure> {
+    let mut out = Vec::new();
+    for some in rows.chunks(COMPARED) {
+        let json = format!(
+            "[{}]",
+            some.iter()
+                .map(|r| r.1.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        for (ordinality, answer) in batch(json)? {
+            let row = usize::try_from(ordinality - 1)
+                .ok()
+                .and_then(|i| some.get(i))
+                .ok_or_else(|| Failure::client(format!("no row {ordinality} sent")))?;
+            out.push((row.0, answer));
+        }
+    }
+    Ok(out)
+}
+
+/// Partitions to claim in one order (two instances claiming overlapping partitions cannot
+/// deadlock), each once.
+pub(crate) fn in_claim_order(partitions: &[(i32, Option<i64>)]) -> Vec<(i32, Option<i64>)> {
+    let mut partitions = partitions.to_vec();
+    partitions.sort_unstable();
+    partitions.dedup_by_key(|(p, _)| *p);
+    partitions
+}
 
 /// The rows' table as the catalog describes it: the columns a row can set, and the primary
 /// key's (empty when the server makes it).

@@ -17,7 +17,7 @@ use mysql_async::Value;
 use mysql_async::prelude::Queryable;
 
 use super::{Conn, bigint, exists, identifier};
-use crate::db::{Advance, Claimed, Failure, Layout, partitions_once};
+use crate::db::{Advance, Claimed, Failure, Layout, in_claim_order, partitions_once};
 
 /// Moves per statement: well under MySQL's 65,535 placeholders.
 const CHUNK: usize = 1000;
@@ -129,10 +129,7 @@ impl Offsets {
         topic: &str,
         partitions: &[(i32, Option<i64>)],
     ) -> Result<Vec<Claimed>, Failure> {
-        // In one order, so two instances claiming overlapping partitions cannot deadlock.
-        let mut partitions = partitions.to_vec();
-        partitions.sort_unstable();
-        partitions.dedup_by_key(|(p, _)| *p);
+        let partitions = in_claim_order(partitions);
         if partitions.is_empty() {
             return Ok(Vec::new());
         }

@@ -78,10 +78,7 @@ impl Table {
     /// indexes, from the catalog. A table that is missing, or not InnoDB (a failed statement
     /// would not roll back), is refused, saying so.
     pub fn describe(conn: &Conn, name: &str) -> Result<Table, Failure> {
-        let setup = |message: String| Failure {
-            kind: Kind::Setup,
-            ..Failure::client(message)
-        };
+        let setup = Failure::setup;
         let quoted = identifier(name).map_err(setup)?;
         let (schema, table) = schema_and_table(name).map_err(setup)?;
         let whose = "TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?";
@@ -423,27 +420,15 @@ impl Table {
         sql: &str,
         take: impl Fn(&mut mysql_async::Row) -> Result<T, Failure>,
     ) -> Result<Vec<(usize, T)>, Failure> {
-        let mut out = Vec::new();
-        for batch in rows.chunks(crate::db::COMPARED) {
-            let json = format!(
-                "[{}]",
-                batch
-                    .iter()
-                    .map(|r| r.1.as_str())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            );
+        crate::db::compare(rows, |json| {
             let got: Vec<mysql_async::Row> = conn.call(async |c| c.exec(sql, (json,)).await)?;
-            for mut r in got {
-                let ordinality = super::bigint(&mut r, 0, "ordinality")?.unwrap_or_default();
-                let row = usize::try_from(ordinality - 1)
-                    .ok()
-                    .and_then(|i| batch.get(i))
-                    .ok_or_else(|| Failure::client(format!("no row {ordinality} sent")))?;
-                out.push((row.0, take(&mut r)?));
-            }
-        }
-        Ok(out)
+            (got.into_iter())
+                .map(|mut r| {
+                    let ordinality = super::bigint(&mut r, 0, "ordinality")?.unwrap_or_default();
+                    Ok((ordinality, take(&mut r)?))
+                })
+                .collect()
+        })
     }
 }
 

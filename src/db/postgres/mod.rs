@@ -237,16 +237,7 @@ impl Pg {
     /// Connects, creates the offsets and dead-letter tables when missing, describes the
     /// rows' table.
     pub fn open(target: &Target) -> Result<Pg, NotOpen> {
-        let at = |step: Step| move |failure: Failure| NotOpen { step, failure };
-        let setup = |step: Step| {
-            move |message: String| NotOpen {
-                step,
-                failure: Failure {
-                    kind: Kind::Setup,
-                    ..Failure::client(message)
-                },
-            }
-        };
+        let (at, setup) = (NotOpen::at, NotOpen::setup);
         let offsets = offsets::Offsets::new(&target.offsets, &target.group, &target.owner)
             .map_err(setup(Step::Offsets))?;
         let dead = rows::DeadLetters::new(&target.dead).map_err(setup(Step::Dead))?;
@@ -340,14 +331,8 @@ pub struct PgReader {
 impl PgReader {
     /// Connects and describes the rows' table.
     pub fn open(target: &ReadTarget) -> Result<(PgReader, Described), NotOpen> {
-        let at = |step: Step| move |failure: Failure| NotOpen { step, failure };
-        let dead = rows::DeadLetters::new(&target.dead).map_err(|m| NotOpen {
-            step: Step::Dead,
-            failure: Failure {
-                kind: Kind::Setup,
-                ..Failure::client(m)
-            },
-        })?;
+        let at = NotOpen::at;
+        let dead = rows::DeadLetters::new(&target.dead).map_err(NotOpen::setup(Step::Dead))?;
         let db = Db::connect(&target.url, target.password.as_deref(), target.bounds)
             .map_err(at(Step::Connect))?;
         let table = rows::Table::describe(&db, &target.rows).map_err(at(Step::Rows))?;

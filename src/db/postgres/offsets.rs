@@ -10,7 +10,7 @@
 //! ([`Offsets::advance`] names the partitions so fenced).
 
 use super::{Db, identifier};
-use crate::db::{Advance, Claimed, Failure, partitions_once};
+use crate::db::{Advance, Claimed, Failure, in_claim_order, partitions_once};
 
 /// The offsets table, for one group, as one owner.
 #[derive(Clone, Debug)]
@@ -66,10 +66,7 @@ impl Offsets {
         topic: &str,
         partitions: &[(i32, Option<i64>)],
     ) -> Result<Vec<Claimed>, Failure> {
-        // In one order, so two instances claiming overlapping partitions cannot deadlock.
-        let mut partitions = partitions.to_vec();
-        partitions.sort_unstable();
-        partitions.dedup_by_key(|(p, _)| *p);
+        let partitions = in_claim_order(partitions);
         let (ps, seeds): (Vec<i32>, Vec<Option<i64>>) = partitions.into_iter().unzip();
         let seed = format!(
             "INSERT INTO {} (group_id, topic, partition, next_offset)

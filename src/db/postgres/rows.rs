@@ -11,7 +11,7 @@
 
 use super::{Db, identifier};
 use crate::db::{
-    DeadLetter, DeadLetterRead, Described, Failure, Kind, Savepoint, Unwritten, Write, write_all,
+    DeadLetter, DeadLetterRead, Described, Failure, Savepoint, Unwritten, Write, write_all,
 };
 
 /// A table as the catalog describes it.
@@ -26,10 +26,7 @@ impl Table {
     /// `name`'s columns and primary key, from the catalog (the columns a row can set: not
     /// generated ones). A table that is missing is refused, saying so.
     pub fn describe(db: &Db, name: &str) -> Result<Table, Failure> {
-        let setup = |message: String| Failure {
-            kind: Kind::Setup,
-            ..Failure::client(message)
-        };
+        let setup = Failure::setup;
         let quoted = identifier(name).map_err(setup)?;
         let sql = "SELECT a.attname::text, coalesce(a.attnum = ANY(i.indkey), false),
                           a.attgenerated = '' AND a.attidentity <> 'a'
@@ -181,27 +178,12 @@ impl Table {
         sql: &str,
         take: impl Fn(&tokio_postgres::Row) -> Result<T, Failure>,
     ) -> Result<Vec<(usize, T)>, Failure> {
-        let mut out = Vec::new();
-        for batch in rows.chunks(crate::db::COMPARED) {
-            let json = format!(
-                "[{}]",
-                batch
-                    .iter()
-                    .map(|r| r.1.as_str())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            );
+        crate::db::compare(rows, |json| {
             let got = db.call(|c| async move { c.query(sql, &[&json]).await })?;
-            for r in &got {
-                let ordinality: i64 = r.try_get(0)?;
-                let row = usize::try_from(ordinality - 1)
-                    .ok()
-                    .and_then(|i| batch.get(i))
-                    .ok_or_else(|| Failure::client(format!("no row {ordinality} sent")))?;
-                out.push((row.0, take(r)?));
-            }
-        }
-        Ok(out)
+            (got.iter())
+                .map(|r| Ok((r.try_get::<_, i64>(0)?, take(r)?)))
+                .collect()
+        })
     }
 
     /// One statement writing `rows`.
