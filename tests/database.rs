@@ -22,6 +22,9 @@ struct Pipeline {
     offsets: String,
     jq: String,
     url: String,
+    /// The server itself (`url` may go through a proxy), and its password.
+    server: String,
+    password: String,
     /// More `--db-*` flags.
     db_args: Vec<String>,
 }
@@ -48,9 +51,30 @@ impl Pipeline {
 
     /// A table of `columns`, written through `jq`.
     fn with(backend: Backend, name: &str, partitions: i32, columns: &str, jq: &str) -> Pipeline {
+        Pipeline::on(
+            backend,
+            &db_url(backend),
+            &db_password(),
+            name,
+            partitions,
+            columns,
+            jq,
+        )
+    }
+
+    /// [`Pipeline::with`], on the server at `url`.
+    fn on(
+        backend: Backend,
+        url: &str,
+        password: &str,
+        name: &str,
+        partitions: i32,
+        columns: &str,
+        jq: &str,
+    ) -> Pipeline {
         let topics = Topics::create(name, partitions, 1);
         let table = unique_table(name);
-        let sql = Sql::connect(backend);
+        let sql = Sql::connect_with(backend, url, password).unwrap();
         sql.batch(&format!("CREATE TABLE {} ({columns})", sql.quote(&table)));
         Pipeline {
             backend,
@@ -59,13 +83,15 @@ impl Pipeline {
             offsets: format!("{table}_offsets"),
             table,
             jq: jq.to_string(),
-            url: db_url(backend),
+            url: url.to_string(),
+            server: url.to_string(),
+            password: password.to_string(),
             db_args: Vec::new(),
         }
     }
 
     fn sql(&self) -> Sql {
-        Sql::connect(self.backend)
+        Sql::connect_with(self.backend, &self.server, &self.password).unwrap()
     }
 
     fn args(&self, instance: &str, extra: &[&str]) -> Vec<String> {
@@ -95,7 +121,8 @@ impl Pipeline {
     }
 
     fn start(&self, instance: &str, extra: &[&str]) -> Exactly {
-        Exactly::start(&self.args(instance, extra))
+        let env = [("EXACTLY_TEST_STORE_PASSWORD", self.password.as_str())];
+        Exactly::start_with_env(&self.args(instance, extra), &env)
     }
 
     /// Transactions with a row whose `n` is a multiple of `every` take `seconds` longer, so a
@@ -792,7 +819,8 @@ fn envelopes_into_two_tables(backend: Backend) {
         let mut a = p.args("a", &args);
         let at = a.iter().position(|a| a == "insert").unwrap();
         a[at] = "upsert".into();
-        Exactly::start(&a)
+        let env = [("EXACTLY_TEST_STORE_PASSWORD", p.password.as_str())];
+        Exactly::start_with_env(&a, &env)
     };
     produce(&p.topics.input, &inputs[..1000]);
     let mut ex = start(&p);
@@ -854,4 +882,66 @@ fn postgres_envelopes_upsert_insert_and_delete_across_two_tables_exactly_once() 
 #[test]
 fn mysql_envelopes_upsert_insert_and_delete_across_two_tables_exactly_once() {
     envelopes_into_two_tables(Backend::Mysql);
+}
+
+fn the_database_restarted_under_load(backend: Backend) {
+    // A server of its own, so the restarts are this test's only.
+    let servers = OwnServers::start();
+    let url = servers.url(backend);
+    let columns = append_only(backend);
+    let jq = "{n, doubled: (.n * 2)}";
+    let p = Pipeline::on(
+        backend,
+        &url,
+        &servers.password(),
+        "db-restart",
+        2,
+        columns,
+        jq,
+    );
+    let total = 6000;
+    let inputs = numbered(total, 2);
+    produce(&p.topics.input, &inputs[..1500]);
+    let args = [
+        "--db-statement-timeout",
+        "2s",
+        "--max-records-per-txn",
+        "200",
+    ];
+    let mut ex = p.start("a", &args);
+    p.wait_committed(500, Duration::from_secs(60), &[&ex]);
+    // Restarted while it writes, three times, down for a second and a half each time, records
+    // coming all along.
+    let rest = numbered(total, 2).split_off(1500);
+    let topic = p.topics.input.clone();
+    let producer = std::thread::spawn(move || {
+        for chunk in rest.chunks(500) {
+            produce(&topic, chunk);
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    });
+    for _ in 0..3 {
+        servers.restart(Duration::from_millis(1500));
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+    producer.join().unwrap();
+    p.wait_committed(total as i64, Duration::from_secs(120), &[&ex]);
+    ex.stop_cleanly();
+    p.assert_exactly_once(total as i64);
+    let lost = ex.events("the database connection was lost; connecting again");
+    assert!(
+        !lost.is_empty(),
+        "never saw the restarts: {}",
+        ex.log_text()
+    );
+}
+
+#[test]
+fn postgres_the_database_restarted_under_load_loses_and_doubles_nothing() {
+    the_database_restarted_under_load(Backend::Postgres);
+}
+
+#[test]
+fn mysql_the_database_restarted_under_load_loses_and_doubles_nothing() {
+    the_database_restarted_under_load(Backend::Mysql);
 }

@@ -42,20 +42,28 @@ impl Sql {
 
     /// Connects to `url`.
     pub fn connect_to(backend: Backend, url: &str) -> Result<Sql, exactly::db::Failure> {
+        Sql::connect_with(backend, url, &db_password())
+    }
+
+    /// Connects to `url` with `password`.
+    pub fn connect_with(
+        backend: Backend,
+        url: &str,
+        password: &str,
+    ) -> Result<Sql, exactly::db::Failure> {
         let bounds = Bounds {
             statement: Duration::from_secs(10),
             idle_in_transaction: Duration::from_secs(30),
         };
-        let password = db_password();
         Ok(match backend {
             Backend::Postgres => Sql::Postgres(exactly::db::postgres::Db::connect(
                 url,
-                Some(&password),
+                Some(password),
                 bounds,
             )?),
             Backend::Mysql => Sql::Mysql(exactly::db::mysql::Conn::connect(
                 url,
-                Some(&password),
+                Some(password),
                 bounds,
             )?),
         })
@@ -135,6 +143,74 @@ impl Sql {
         let rows = self.rows(sql);
         let value = rows.first().and_then(|r| r.first()).cloned().flatten();
         value.map_or(0, |v| v.parse().unwrap_or_else(|_| panic!("{sql}: {v}")))
+    }
+}
+
+/// Database servers of a test's own (`scripts/stores.sh` in a temporary directory), stopped
+/// when dropped: for a test that restarts them.
+pub struct OwnServers {
+    dir: tempfile::TempDir,
+    /// Their URLs and password, as `scripts/stores.sh start` printed them.
+    exports: std::collections::HashMap<String, String>,
+}
+
+impl OwnServers {
+    pub fn start() -> OwnServers {
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new(crate::common::repo().join("scripts/stores.sh"))
+            .arg("start")
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let exports = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("export ")?.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        OwnServers { dir, exports }
+    }
+
+    /// The URL of the server of `backend`.
+    pub fn url(&self, backend: Backend) -> String {
+        let var = match backend {
+            Backend::Postgres => "EXACTLY_TEST_POSTGRES_URL",
+            Backend::Mysql => "EXACTLY_TEST_MYSQL_URL",
+        };
+        self.exports[var].clone()
+    }
+
+    pub fn password(&self) -> String {
+        self.exports["EXACTLY_TEST_STORE_PASSWORD"].clone()
+    }
+
+    /// Stops PostgreSQL and MariaDB, keeps them down for `down`, starts them again, data and
+    /// ports kept.
+    pub fn restart(&self, down: Duration) {
+        let out = std::process::Command::new(crate::common::repo().join("scripts/stores.sh"))
+            .arg("restart")
+            .arg(self.dir.path())
+            .arg(down.as_secs_f64().to_string())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for OwnServers {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(crate::common::repo().join("scripts/stores.sh"))
+            .arg("stop")
+            .arg(self.dir.path())
+            .output();
     }
 }
 
