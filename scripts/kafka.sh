@@ -10,6 +10,8 @@
 #   scripts/kafka.sh security   print the path of security.json: the secured listeners, their
 #                               users, passwords and certificates (tests/secure.rs)
 #   scripts/kafka.sh reset      stop and delete its data
+#   scripts/kafka.sh jars       fetch the jars and print their directory (scripts/cluster.sh)
+#   scripts/kafka.sh version    print the Kafka version in use
 #   scripts/kafka.sh tool CLASS ARGS…  run a Kafka tool from the same jars, e.g.
 #       scripts/kafka.sh tool org.apache.kafka.tools.TopicCommand --bootstrap-server … --list
 #
@@ -28,12 +30,14 @@
 #   EXACTLY_KAFKA_DIR    run directory (data, logs, pid, port)   default: <repo>/.kafka
 #   EXACTLY_KAFKA_CACHE  jar cache                               default: ~/.cache/exactly
 #   EXACTLY_KAFKA_HEAP   JVM heap                                default: 1g
+#   EXACTLY_KAFKA_VERSION  another Apache Kafka release from Maven Central (the broker
+#                        matrix, scripts/matrix.sh)              default: scripts/kafka/pom.xml's
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
 pom="$here/kafka/pom.xml"
-version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$pom")
+version=${EXACTLY_KAFKA_VERSION:-$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$pom")}
 cache=${EXACTLY_KAFKA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/exactly}
 jars="$cache/kafka-$version-$(sha256sum "$pom" | cut -c1-12)"
 run=${EXACTLY_KAFKA_DIR:-$repo/.kafka}
@@ -45,7 +49,7 @@ fetch() {
   if [ -f "$jars/.complete" ]; then return 0; fi
   log "fetching Apache Kafka $version jars from Maven Central into $jars"
   rm -rf "$jars.tmp"
-  mvn -q -B -Dstyle.color=never -f "$pom" dependency:copy-dependencies \
+  mvn -q -B -Dstyle.color=never -f "$pom" -Dkafka.version="$version" dependency:copy-dependencies \
     -DincludeScope=runtime -DoutputDirectory="$jars.tmp"
   rm -rf "$jars"
   mv "$jars.tmp" "$jars"
@@ -193,11 +197,18 @@ group.min.session.timeout.ms=1000
 # A broker killed and restarted (fault tests) waits for its old registration to expire.
 broker.heartbeat.interval.ms=1000
 broker.session.timeout.ms=3000
+# The consumer group protocol (KIP-848, exactly --group-protocol consumer) takes the session
+# timeout and heartbeat interval from the broker, not the client: the tests' quick ones.
+group.consumer.min.session.timeout.ms=1000
+group.consumer.session.timeout.ms=6000
+group.consumer.min.heartbeat.interval.ms=500
+group.consumer.heartbeat.interval.ms=500
 # Aborts and kills leave open transactions behind; let the coordinator find them quickly.
 transaction.abort.timed.out.transaction.cleanup.interval.ms=5000
 log.retention.check.interval.ms=60000
 EOF
   echo "$port" >"$run/port"
+  echo "$version" >"$run/version"
   # A password per user, new for each broker directory.
   local scram=() name
   python3 - "$run" "$sport" "$mport" "${users[@]}" admin <<'PY'
@@ -270,8 +281,12 @@ acls() {
 start() {
   if serving; then return 0; fi
   fetch
-  if [ -f "$run/server.properties" ] && ! grep -q '^sasl.enabled.mechanisms' "$run/server.properties"; then
-    log "$run was formatted without the secured listeners: formatting it again"
+  if [ -f "$run/server.properties" ] && ! grep -q '^group.consumer.session.timeout.ms' "$run/server.properties"; then
+    log "$run was formatted with older settings: formatting it again"
+    rm -rf "$run"
+  fi
+  if [ -f "$run/server.properties" ] && [ "$(cat "$run/version" 2>/dev/null)" != "$version" ]; then
+    log "$run was formatted by another Kafka version: formatting it again"
     rm -rf "$run"
   fi
   if [ ! -f "$run/server.properties" ]; then configure; fi
@@ -348,8 +363,13 @@ case "${1:-}" in
     stop
     rm -rf "$run"
     ;;
+  jars)
+    fetch
+    echo "$jars"
+    ;;
+  version) echo "$version" ;;
   *)
-    sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac
