@@ -78,6 +78,7 @@ const CONSUMER_OWNED: &[(&str, &str)] = &[
     ("bootstrap.servers", "--bootstrap-servers"),
     ("metadata.broker.list", "--bootstrap-servers"),
     ("group.id", "--group-id"),
+    ("group.protocol", "--group-protocol"),
     (
         "group.instance.id",
         "--static-membership with --instance-id",

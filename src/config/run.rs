@@ -11,7 +11,7 @@ use super::{
     check_passthrough, check_topic_name, parse_duration, parse_log_filter,
 };
 use crate::error::Error;
-use crate::kafka::Settings;
+use crate::kafka::{GroupProtocol, Settings};
 
 /// Options of `exactly run`.
 #[derive(Clone, Debug, Args)]
@@ -68,6 +68,12 @@ pub struct RunArgs {
     /// restart gets its partitions back without a rebalance.
     #[arg(long, env = "EXACTLY_STATIC_MEMBERSHIP")]
     pub static_membership: bool,
+
+    /// The consumer group protocol: classic, or consumer (KIP-848: the group coordinator
+    /// assigns partitions and owns the session timeout and heartbeat interval; Kafka 4.0 and
+    /// later). README, "The consumer group protocol".
+    #[arg(long, env = "EXACTLY_GROUP_PROTOCOL", value_enum, default_value_t = GroupProtocol::Classic)]
+    pub group_protocol: GroupProtocol,
 
     /// exactly-once: outputs and offsets in one Kafka transaction. at-least-once: an
     /// idempotent producer, offsets committed after every output of a batch is delivered (a
@@ -279,6 +285,8 @@ pub struct GroupConfig {
     pub instance_id: String,
     /// Join as a static member.
     pub static_membership: bool,
+    /// `group.protocol`.
+    pub protocol: GroupProtocol,
 }
 
 /// Where outputs go, and how they become durable with the offsets.
@@ -456,10 +464,25 @@ impl RunArgs {
                 "--lag-interval: must be between 100ms and 1h".into(),
             ));
         }
+        let common = self.client.resolve()?;
+        for (key, lives) in group.protocol.brokers_settings() {
+            let set = |kv: &[(String, String)]| kv.iter().any(|(k, _)| k == key);
+            let flag = if set(&self.consumer_config) {
+                "--consumer-config"
+            } else if set(&common) {
+                "--kafka-config"
+            } else {
+                continue;
+            };
+            return Err(Error::Config(format!(
+                "{flag}: {key} is not the client's to set with --group-protocol consumer; \
+                 it is {lives}"
+            )));
+        }
         let kafka = Settings {
             bootstrap_servers: self.bootstrap_servers,
             client_id: format!("exactly-{}", group.instance_id),
-            common: self.client.resolve()?,
+            common,
             consumer: self.consumer_config,
             producer: self.producer_config,
         };
@@ -538,6 +561,7 @@ impl RunArgs {
             group_id: self.group_id.clone(),
             instance_id,
             static_membership: self.static_membership,
+            protocol: self.group_protocol,
         })
     }
 
@@ -1142,5 +1166,43 @@ mod tests {
         // At-least-once has no transaction to outlive; a shorter wait is fine.
         assert!(parse(&["--producer-config", &late, "--guarantee", "at-least-once"]).is_ok());
         assert!(parse(&["--producer-config", &format!("{key}=10000")]).is_ok());
+    }
+
+    #[test]
+    fn the_consumer_protocol_refuses_what_the_broker_owns_naming_the_flag() {
+        let c = parse(&["--group-protocol", "consumer"]).unwrap();
+        assert_eq!(c.group.protocol, GroupProtocol::Consumer);
+        assert_eq!(parse(&[]).unwrap().group.protocol, GroupProtocol::Classic);
+        let consumer = ["--group-protocol", "consumer"];
+        let e = parse(
+            &[
+                &consumer[..],
+                &["--consumer-config", "session.timeout.ms=6000"],
+            ]
+            .concat(),
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with("--consumer-config: session.timeout.ms")
+                && e.contains("group.consumer.session.timeout.ms"),
+            "{e}"
+        );
+        let e = parse(
+            &[
+                &consumer[..],
+                &["--kafka-config", "heartbeat.interval.ms=500"],
+            ]
+            .concat(),
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with("--kafka-config: heartbeat.interval.ms"),
+            "{e}"
+        );
+        // The classic protocol takes them from the client as before.
+        assert!(parse(&["--consumer-config", "session.timeout.ms=6000"]).is_ok());
+        // group.protocol itself is the option's.
+        let e = parse(&["--consumer-config", "group.protocol=consumer"]).unwrap_err();
+        assert!(e.contains("--group-protocol"), "{e}");
     }
 }

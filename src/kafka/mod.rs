@@ -188,6 +188,57 @@ pub fn valid_topic_name(name: &[u8]) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(b))
 }
 
+/// The consumer group protocol (`group.protocol`) the pipeline's consumer joins with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum GroupProtocol {
+    /// The classic protocol: the members assign partitions (cooperative-sticky here), the
+    /// client sets the session timeout and heartbeat interval.
+    #[default]
+    Classic,
+    /// KIP-848's: the group coordinator assigns partitions and sets the session timeout and
+    /// heartbeat interval (`group.consumer.*` on the broker); member epochs fence offsets.
+    /// Kafka 4.0 and later.
+    Consumer,
+}
+
+impl GroupProtocol {
+    /// librdkafka's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupProtocol::Classic => "classic",
+            GroupProtocol::Consumer => "consumer",
+        }
+    }
+
+    /// Consumer settings this protocol takes from the broker instead: a user's value would be
+    /// ignored (or refused) by librdkafka, so start-up refuses it, saying where it lives.
+    pub fn brokers_settings(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            GroupProtocol::Classic => &[],
+            GroupProtocol::Consumer => &[
+                (
+                    "session.timeout.ms",
+                    "the broker's group.consumer.session.timeout.ms (or the group's \
+                     consumer.session.timeout.ms)",
+                ),
+                (
+                    "heartbeat.interval.ms",
+                    "the broker's group.consumer.heartbeat.interval.ms (or the group's \
+                     consumer.heartbeat.interval.ms)",
+                ),
+                (
+                    "partition.assignment.strategy",
+                    "the broker's assignor (group.remote.assignor picks one of them)",
+                ),
+                (
+                    "group.protocol.type",
+                    "nothing: the consumer protocol has no type",
+                ),
+            ],
+        }
+    }
+}
+
 /// Which client, with what only that client needs.
 #[derive(Clone, Copy, Debug)]
 pub enum Role<'a> {
@@ -202,6 +253,8 @@ pub enum Role<'a> {
         /// The longest the loop goes without polling (one transactional call): the default
         /// `max.poll.interval.ms`, which is also the group's rebalance timeout.
         poll_bound: Duration,
+        /// `group.protocol`.
+        protocol: GroupProtocol,
     },
     /// The transactional producer of exactly-once.
     Transactional {
@@ -305,10 +358,13 @@ impl Settings {
                 instance,
                 statistics,
                 poll_bound,
+                protocol,
             } => {
+                if protocol == GroupProtocol::Classic {
+                    defaults.push(("partition.assignment.strategy", "cooperative-sticky".into()));
+                }
                 defaults.extend([
                     ("client.id", self.client_id.clone()),
-                    ("partition.assignment.strategy", "cooperative-sticky".into()),
                     ("auto.offset.reset", "earliest".into()),
                     (
                         "max.poll.interval.ms",
@@ -317,6 +373,7 @@ impl Settings {
                 ]);
                 defaults.extend(PIPELINE_FETCH.map(|(k, v)| (k, v.to_string())));
                 fixed.extend([
+                    ("group.protocol", protocol.as_str().into()),
                     ("group.id", group.to_string()),
                     ("isolation.level", Isolation::ReadCommitted.as_str().into()),
                     ("enable.auto.commit", "false".into()),
@@ -664,7 +721,31 @@ mod tests {
             instance,
             statistics: Duration::from_secs(5),
             poll_bound: Duration::from_secs(75),
+            protocol: GroupProtocol::Classic,
         }
+    }
+
+    #[test]
+    fn the_group_protocol_decides_who_assigns() {
+        let classic = settings(&[], &[]).to_rdkafka(pipeline(None));
+        assert_eq!(classic.get("group.protocol"), Some("classic"));
+        assert_eq!(
+            classic.get("partition.assignment.strategy"),
+            Some("cooperative-sticky")
+        );
+        let role = Role::Pipeline {
+            group: "g",
+            instance: Some("pod-0"),
+            statistics: Duration::from_secs(5),
+            poll_bound: Duration::from_secs(75),
+            protocol: GroupProtocol::Consumer,
+        };
+        let consumer = settings(&[], &[]).to_rdkafka(role);
+        assert_eq!(consumer.get("group.protocol"), Some("consumer"));
+        // The coordinator assigns: a client-side strategy would be refused by librdkafka.
+        assert_eq!(consumer.get("partition.assignment.strategy"), None);
+        assert_eq!(consumer.get("group.instance.id"), Some("pod-0"));
+        assert_eq!(consumer.get("max.poll.interval.ms"), Some("75000"));
     }
 
     #[test]
@@ -680,6 +761,7 @@ mod tests {
             instance: None,
             statistics: Duration::from_secs(5),
             poll_bound: Duration::from_secs(25),
+            protocol: GroupProtocol::Classic,
         };
         let cc = settings(&[], &[]).to_rdkafka(short);
         assert_eq!(cc.get("max.poll.interval.ms"), Some("45000"));

@@ -276,6 +276,7 @@ fn subscribe(
             .then_some(group.instance_id.as_str()),
         statistics: config.lag_interval,
         poll_bound: config.loop_bound(),
+        protocol: group.protocol,
     };
     let consumer: PipelineConsumer = config
         .kafka
