@@ -46,13 +46,22 @@ pub enum Error {
     /// replaced): what was open is left to the broker to abort.
     #[error("{0}")]
     Stopped(String),
+    /// The loop has been inside one client call far longer than its timeout (see
+    /// [`crate::health::Health::watch`]): the process leaves so that its restart fences the
+    /// stuck producer.
+    #[error(
+        "{0}, far past its timeout: leaving, so that a restart fences the stuck producer, aborts its transaction and resumes from the last commit"
+    )]
+    Stuck(String),
 }
 
 impl Error {
-    /// `exactly run`'s exit code for it: 2 for a bad option or program, 1 for anything else.
+    /// `exactly run`'s exit code for it: 2 for a bad option or program, 4 for a stuck client
+    /// call, 1 for anything else.
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Config(_) | Error::Jq(_) => 2,
+            Error::Stuck(_) => 4,
             _ => 1,
         }
     }

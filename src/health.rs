@@ -86,14 +86,44 @@ impl Health {
         })
     }
 
-    /// Logs when the loop stalls and when it recovers, until `stop` is cancelled.
-    pub async fn watch(self: std::sync::Arc<Self>, bound: Duration, stop: CancellationToken) {
+    /// `Some(description)` when the loop has been inside one client call for longer than
+    /// `bound`: a call that ignores its own timeout (librdkafka has some, see
+    /// [`Health::watch`]). Time spent outside a call (a long transform) never counts.
+    pub fn stuck_in_call(&self, bound: Duration) -> Option<String> {
+        self.stuck_in_call_at(Instant::now(), bound)
+    }
+
+    fn stuck_in_call_at(&self, now: Instant, bound: Duration) -> Option<String> {
+        let (name, since) = (*self.call.lock().unwrap_or_else(|p| p.into_inner()))?;
+        let inside = now.saturating_duration_since(since);
+        (inside > bound).then(|| format!("the pipeline loop is stuck in {name} for {inside:.0?}"))
+    }
+
+    /// Logs when the loop stalls (`bound`) and when it recovers, until `stop` is cancelled;
+    /// returns the description when the loop has been inside one client call for longer than
+    /// `leave_after`, so that the process can leave.
+    ///
+    /// Every call is given a timeout, but librdkafka does not always keep it: a transactional
+    /// request to a coordinator that died or froze can wait for ever (librdkafka #5456: the
+    /// coordinator request's timeout is never checked). Nothing returns the loop from there;
+    /// a restart of the process does, safely: the new producer's `init_transactions` fences
+    /// the stuck one and aborts its transaction, and the group's offsets are where the last
+    /// commit left them.
+    pub async fn watch(
+        self: std::sync::Arc<Self>,
+        bound: Duration,
+        leave_after: Duration,
+        stop: CancellationToken,
+    ) -> Option<String> {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let mut stalled = false;
         loop {
             tokio::select! {
-                _ = stop.cancelled() => return,
+                _ = stop.cancelled() => return None,
                 _ = tick.tick() => {}
+            }
+            if let Some(what) = self.stuck_in_call(leave_after) {
+                return Some(what);
             }
             match self.stalled(bound) {
                 Some(what) if !stalled => {
@@ -137,6 +167,33 @@ mod tests {
         let later = Instant::now() + Duration::from_secs(30);
         let s = h.stalled_at(later, Duration::from_secs(10)).unwrap();
         assert!(s.contains("has not turned"), "{s}");
+    }
+
+    #[test]
+    fn only_a_call_past_the_bound_is_stuck() {
+        let h = Health::default();
+        let (now, bound) = (Instant::now(), Duration::from_secs(40));
+        // Outside any call (a transform that takes long): never stuck.
+        assert_eq!(
+            h.stuck_in_call_at(now + Duration::from_secs(600), bound),
+            None
+        );
+        let g = h.in_call("send_offsets_to_transaction");
+        assert_eq!(
+            h.stuck_in_call_at(now + Duration::from_secs(30), bound),
+            None
+        );
+        let s = h
+            .stuck_in_call_at(now + Duration::from_secs(41), bound)
+            .unwrap();
+        assert!(s.contains("send_offsets_to_transaction"), "{s}");
+        // A retry enters the call anew: the bound is per call, not per loop turn.
+        drop(g);
+        let _g = h.in_call("send_offsets_to_transaction");
+        assert_eq!(
+            h.stuck_in_call_at(Instant::now() + Duration::from_secs(30), bound),
+            None
+        );
     }
 
     #[test]

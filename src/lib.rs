@@ -176,7 +176,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     let health = Arc::new(Health::default());
     let stop_watching = CancellationToken::new();
     let bound = config.loop_bound();
-    tokio::spawn(health.clone().watch(bound, stop_watching.clone()));
+    let mut watchdog = tokio::spawn(health.clone().watch(
+        bound,
+        config.stuck_bound(),
+        stop_watching.clone(),
+    ));
 
     // Not ready from the moment shutdown starts, while the loop still commits and leaves.
     let (h, s) = (health.clone(), shutdown.clone());
@@ -217,9 +221,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
             let _ = tx.send(result);
         })
         .map_err(|e| Error::Startup(format!("cannot start the loop thread: {e}")))?;
-    let result = rx
-        .await
-        .unwrap_or_else(|_| Err(Error::Startup("the loop thread panicked".into())));
+    let result = tokio::select! {
+        r = rx => r.unwrap_or_else(|_| Err(Error::Startup("the loop thread panicked".into()))),
+        // The loop thread stays inside its call; the process ends without it.
+        Ok(Some(stuck)) = &mut watchdog => Err(Error::Stuck(stuck)),
+    };
     stop_watching.cancel();
     result
 }

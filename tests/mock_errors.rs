@@ -10,7 +10,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
-use rdkafka::mocking::MockCluster;
+use rdkafka::mocking::{MockCluster, MockCoordinator};
 use rdkafka::producer::{
     BaseProducer, BaseRecord, DefaultProducerContext, Producer, ThreadedProducer,
 };
@@ -46,18 +46,26 @@ const OUT: &str = "out";
 
 impl Mock {
     fn new() -> Mock {
+        Mock::with_brokers(1)
+    }
+
+    /// `n` brokers; every partition led by broker 1.
+    fn with_brokers(n: u32) -> Mock {
         // A client with `test.mock.num.brokers` owns the cluster; leaked so the cluster can
         // borrow it for the whole test, and so its raw handle is at hand for the one mock call
         // rdkafka does not wrap (see `delay_next`).
         let owner: &'static BaseProducer = Box::leak(Box::new(
             ClientConfig::new()
-                .set("test.mock.num.brokers", "1")
+                .set("test.mock.num.brokers", n.to_string())
                 .create()
                 .unwrap(),
         ));
         let cluster = owner.client().mock_cluster().unwrap();
         for t in [IN, OUT, "out.dlq"] {
             cluster.create_topic(t, 2, 1).unwrap();
+            for p in 0..2 {
+                cluster.partition_leader(t, p, Some(1)).unwrap();
+            }
         }
         Mock {
             cluster,
@@ -401,4 +409,50 @@ fn a_timed_out_produce_request_means_a_new_producer_before_the_next_transaction(
         .filter(|m| *m == "transaction committed" || *m == "transaction aborted")
         .count();
     assert!(ended <= 1, "{log:#?}");
+}
+
+/// A group coordinator that is gone for good while the transaction commits its offsets: the
+/// coordinator of the group on broker 2, which goes down while exactly is stopped. If
+/// librdkafka's `send_offsets_to_transaction` waits for it past its timeout (#5456: the
+/// coordinator request's timeout is never checked), exactly leaves with exit code 4 once the
+/// call is past the transaction timeout + 30 s; a restart fences the stuck producer. Watched
+/// failing with the bound at 3,000 s: the call was still inside librdkafka 120 s later.
+#[test]
+fn a_call_that_never_returns_ends_the_process_and_a_restart_resumes() {
+    let mut m = Mock::with_brokers(2);
+    m.cluster
+        .coordinator(MockCoordinator::Group(m.group.clone()), 2)
+        .unwrap();
+    // The transactions' coordinator stays up (with it down too, no call is stuck: exactly
+    // waits for it between calls, reconnecting).
+    let transactional_id = format!("{}-mock-0", m.group);
+    m.cluster
+        .coordinator(MockCoordinator::Transaction(transactional_id), 1)
+        .unwrap();
+    m.write(10);
+    let mut ex = m.start(&["--transaction-timeout", "6s"]);
+    m.wait_all_committed(&ex, Duration::from_secs(60));
+    ex.signal(Signal::SIGSTOP);
+    m.write(10);
+    m.cluster.broker_down(2).unwrap();
+    ex.signal(Signal::SIGCONT);
+    let t0 = Instant::now();
+    let status = ex.wait(Duration::from_secs(120));
+    let waited = t0.elapsed();
+    eprintln!("left after {waited:?}");
+    assert_eq!(status.code(), Some(4), "{}", ex.log_text());
+    let log = messages(&ex);
+    assert!(
+        log.iter()
+            .any(|m| m.contains("stuck in send_offsets_to_transaction")),
+        "{log:#?}"
+    );
+    // Within the bound (6 s + 30 s, checked every second).
+    assert!(waited < Duration::from_secs(45), "left after {waited:?}");
+    // The restart, once the coordinator is back, fences the stuck producer and commits. (The
+    // mock does not serve committed offsets back, so the restart reads from the start: what
+    // is committed once is the cluster scenarios' to show, tests/faults.rs.)
+    m.cluster.broker_up(2).unwrap();
+    let again = m.start(&["--transaction-timeout", "6s"]);
+    m.wait_all_committed(&again, Duration::from_secs(90));
 }

@@ -363,6 +363,12 @@ impl Config {
     pub fn loop_bound(&self) -> Duration {
         self.sink.transaction_timeout + Duration::from_secs(15)
     }
+
+    /// How long the loop may be inside one client call before the process leaves (exit code
+    /// 4): every call is bounded by the transaction timeout, so one past this has ignored it.
+    pub fn stuck_bound(&self) -> Duration {
+        self.sink.transaction_timeout + Duration::from_secs(30)
+    }
 }
 
 /// What dedup needs of the rest: transactions (the changelog commits with the outputs), one
