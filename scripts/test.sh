@@ -58,6 +58,19 @@ if [ $# -eq 0 ]; then
   else
     echo "test.sh: SKIPPED $image_test (no Docker engine, see above)"
   fi
+  # One scenario of the three-broker cluster (scripts/faults.sh cluster runs them all): the
+  # transaction coordinator killed during commits, once with exactly killed while it is down.
+  echo "test.sh: the three-broker cluster (scripts/cluster.sh), one fault scenario"
+  EXACTLY_CLUSTER_DIR=$(mktemp -d "${TMPDIR:-/tmp}/exactly-cluster.XXXXXX")
+  export EXACTLY_CLUSTER_DIR
+  cluster_stop() { scripts/cluster.sh reset || true; stop; }
+  trap cluster_stop EXIT
+  scripts/cluster.sh start
+  EXACTLY_TEST_BOOTSTRAP=$(scripts/cluster.sh bootstrap) EXACTLY_TEST_CLUSTER=$EXACTLY_CLUSTER_DIR \
+    EXACTLY_TEST_REPLICATION=3 EXACTLY_TEST_GROUP_PROTOCOL=${EXACTLY_CI_GROUP_PROTOCOL:-consumer} \
+    cargo test --test faults -- --ignored --exact cluster_transaction_coordinator_killed
+  scripts/cluster.sh reset
+  trap stop EXIT
   # The README's first command, as a new user runs it: exit 0 and no error from bash.
   echo "test.sh: scripts/demo.sh"
   demo_log=$(mktemp)

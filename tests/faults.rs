@@ -260,6 +260,8 @@ struct Run {
     started: Instant,
     /// The instances' local stores (`--state-dir <dir>/<i>`), for a dedup run.
     state: Option<tempfile::TempDir>,
+    /// Instances that left stuck in a client call (exit 4) and were restarted.
+    stuck_exits: usize,
 }
 
 impl Run {
@@ -325,6 +327,7 @@ impl Run {
             faults: Vec::new(),
             last_fault: None,
             started: Instant::now(),
+            stuck_exits: 0,
             state: (stage != Stage::None).then(|| tempfile::tempdir().expect("state directory")),
         };
         for i in 0..instances {
@@ -412,6 +415,28 @@ impl Run {
         self.retire(i);
     }
 
+    /// What a supervisor (systemd, compose, a kubelet) does: an instance that left because a
+    /// client call was stuck past its bound (exit code 4, librdkafka #5456) is started again.
+    /// Any other exit is left for [`Run::progress`] to report.
+    fn supervise(&mut self) {
+        for i in 0..self.live.len() {
+            if !self.live[i].as_ref().is_some_and(|p| p.has_exited()) {
+                continue;
+            }
+            let p = self.live[i].as_mut().unwrap();
+            if p.wait(Duration::from_secs(5)).code() != Some(4) {
+                continue;
+            }
+            eprintln!(
+                "[{}] {} left stuck in a client call (exit 4); restarted",
+                self.name, p.name
+            );
+            self.stuck_exits += 1;
+            self.retire(i);
+            self.start(i);
+        }
+    }
+
     fn progress(&self) -> i64 {
         for p in self.live.iter().flatten() {
             if p.has_exited() {
@@ -431,20 +456,37 @@ impl Run {
     }
 
     /// Waits until `n` input offsets are committed, or the input is all committed.
-    fn wait_progress(&self, n: i64, timeout: Duration) -> i64 {
+    fn wait_progress(&mut self, n: i64, timeout: Duration) -> i64 {
         let deadline = Instant::now() + timeout;
         loop {
+            self.supervise();
             let p = self.progress();
             if p >= n.min(self.total()) {
                 return p;
             }
             assert!(
                 Instant::now() < deadline,
-                "{}: progress stuck at {p} (waiting for {n})",
-                self.name
+                "{}: progress stuck at {p} (waiting for {n}); the instances' last words:\n{}",
+                self.name,
+                self.last_words()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The last lines each running instance logged, for a failure message.
+    fn last_words(&self) -> String {
+        let mut out = String::new();
+        for p in self.live.iter().flatten() {
+            let text = p.log_text();
+            let lines: Vec<&str> = text.lines().collect();
+            out += &format!("--- {}\n", p.name);
+            for line in &lines[lines.len().saturating_sub(30)..] {
+                out += line;
+                out.push('\n');
+            }
+        }
+        out
     }
 
     /// Injects a fault and measures the recovery: the time from the start of the fault until
@@ -475,9 +517,11 @@ impl Run {
         while !moved(self, &before) {
             assert!(
                 Instant::now() < deadline,
-                "{}: no progress after {kind}",
-                self.name
+                "{}: no progress after {kind}; the instances' last words:\n{}",
+                self.name,
+                self.last_words()
             );
+            self.supervise();
             self.progress();
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -493,7 +537,7 @@ impl Run {
 
     /// Waits until a further `fraction` of the input is committed (and a random moment more),
     /// so the next fault lands on fresh progress. False when the input would run out first.
-    fn after_more_progress(&self, fraction: f64) -> bool {
+    fn after_more_progress(&mut self, fraction: f64) -> bool {
         let target = self.progress() + (self.total() as f64 * fraction) as i64;
         if target >= self.total() {
             return false;
@@ -526,6 +570,7 @@ impl Run {
             if lag_zero && stable {
                 break settle_from.elapsed();
             }
+            self.supervise();
             assert!(
                 Instant::now() < deadline,
                 "{}: lag {:?} vs end {end:?}, stable {stable}, 60 s after the last fault",
@@ -626,11 +671,12 @@ impl Run {
         for f in &self.faults {
             *kinds.entry(f.kind).or_default() += 1;
         }
-        let longest = self
-            .faults
-            .iter()
-            .map(|f| f.recovery)
-            .max()
+        let mut recoveries: Vec<Duration> = self.faults.iter().map(|f| f.recovery).collect();
+        recoveries.sort();
+        let longest = recoveries.last().copied().unwrap_or_default();
+        let median = recoveries
+            .get(recoveries.len() / 2)
+            .copied()
             .unwrap_or_default();
         let figures = json!({
             "scenario": self.name,
@@ -644,8 +690,10 @@ impl Run {
             "aborts_logged": self.events("transaction aborted"),
             "producer_recreations": self.events("producer recreated"),
             "rebalance_events": self.events("assignment now"),
+            "stuck_exits": self.stuck_exits,
             "anomalies": 0,
             "longest_recovery_s": longest.as_secs_f64(),
+            "median_recovery_s": median.as_secs_f64(),
             "settled_after_last_fault_s": settled.as_secs_f64(),
             "duration_s": self.started.elapsed().as_secs_f64(),
         });
@@ -864,7 +912,7 @@ fn application_killed() {
 #[test]
 fn random_aborts() {
     let _s = serial();
-    let run = Run::new("f-aborts", 2, &["--test-abort-probability", "0.33"]);
+    let mut run = Run::new("f-aborts", 2, &["--test-abort-probability", "0.33"]);
     run.wait_progress(run.total(), Duration::from_secs(300));
     let figures = run.finish();
     assert!(figures["aborts_logged"].as_u64().unwrap() > 0, "{figures}");
@@ -1050,5 +1098,365 @@ fn aggregates_survive_crashes_and_rebalances() {
     }
     run.start_stopped();
     assert_eq!(ran, planned, "the input ran out before every fault");
+    run.finish();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The three-broker cluster (scripts/faults.sh cluster; scripts/cluster.sh): replication 3,
+// min.insync.replicas 2, a dedicated controller. Each scenario faults brokers by their role for
+// this run — the transaction coordinator of its transactional id, the group coordinator, the
+// leader of its output partitions — with kill -9 of exactly mixed in, and ends with the same
+// audit as the rest.
+
+impl Run {
+    /// Instance `i`'s transactional id (exactly's default: `<group>-<instance>`).
+    fn transactional_id(&self, i: usize) -> String {
+        format!("{}-{}-{i}", self.group, self.name)
+    }
+
+    /// How many times the profile's input lasts `at_least` at the profile's rate.
+    fn scale_for(at_least: Duration) -> usize {
+        let p = profile();
+        let lasts = p.records as f64 / p.per_second as f64;
+        (at_least.as_secs_f64() / lasts).ceil().max(1.0) as usize
+    }
+}
+
+/// Brings broker `node` back and waits until every partition has its replicas in sync again
+/// (outside the fault's recovery: exactly must have moved on without it).
+fn heal(cluster: &Cluster, node: i32) {
+    cluster.start(node);
+    cluster.wait_replicated(Duration::from_secs(120));
+}
+
+/// A random pause in `range` milliseconds.
+fn pause_ms(range: std::ops::Range<u64>) {
+    std::thread::sleep(Duration::from_millis(rand::rng().random_range(range)));
+}
+
+/// kill -9 of instance `i` and a restart, as a fault of its own.
+fn exactly_killed(run: &mut Run, i: usize) {
+    run.fault("kill -9", |r| r.restart_killed(i));
+}
+
+/// The broker coordinating the instance's transactional id killed (-9) while it commits every
+/// 100 ms; once with the instance itself killed while that broker is down, so its restart must
+/// find the new coordinator and settle the open transaction there.
+#[test]
+#[ignore = "needs the three-broker cluster: scripts/faults.sh cluster"]
+fn cluster_transaction_coordinator_killed() {
+    let _s = serial();
+    let cluster = Cluster::required();
+    let p = profile();
+    let scale = Run::scale_for(Duration::from_secs(60));
+    let mut run = Run::scaled(
+        "c-txn",
+        1,
+        &["--static-membership"],
+        scale,
+        (false, Stage::None),
+    );
+    let txn = run.transactional_id(0);
+    run.wait_progress(run.total() / 20, Duration::from_secs(120));
+    // The formula the scenarios find coordinators by agrees with Kafka's own tool.
+    assert_eq!(
+        cluster.transaction_coordinator(&txn),
+        cluster.described_transaction_coordinator(&txn),
+        "the transaction coordinator of {txn}"
+    );
+    let mut plan = vec!["coordinator"; p.broker_kills];
+    plan.push("coordinator and exactly");
+    plan.extend(std::iter::repeat_n("kill", p.kills.div_ceil(4)));
+    plan.shuffle(&mut rand::rng());
+    let step = 0.6 / plan.len() as f64;
+    let mut coordinators = Vec::new();
+    for what in plan {
+        if !run.after_more_progress(step) {
+            break;
+        }
+        match what {
+            "kill" => exactly_killed(&mut run, 0),
+            _ => {
+                let node = cluster.transaction_coordinator(&txn);
+                coordinators.push(node);
+                let also = what == "coordinator and exactly";
+                let kind = if also {
+                    "transaction coordinator kill -9, then exactly kill -9 while it is down"
+                } else {
+                    "transaction coordinator kill -9"
+                };
+                run.fault(kind, |r| {
+                    cluster.kill(node);
+                    if also {
+                        pause_ms(100..1500);
+                        r.restart_killed(0);
+                    }
+                });
+                let moved = cluster.transaction_coordinator(&txn);
+                assert_ne!(
+                    moved, node,
+                    "the coordinator did not move off the killed broker"
+                );
+                heal(&cluster, node);
+            }
+        }
+    }
+    assert!(
+        !coordinators.is_empty(),
+        "no coordinator kill landed mid-stream"
+    );
+    eprintln!("[c-txn] coordinators killed: {coordinators:?}");
+    run.finish();
+}
+
+/// The group coordinator killed (-9) in the middle of a rebalance of three instances: a member
+/// joins or leaves, and the broker coordinating the group dies while the group settles.
+#[test]
+#[ignore = "needs the three-broker cluster: scripts/faults.sh cluster"]
+fn cluster_group_coordinator_killed() {
+    let _s = serial();
+    let cluster = Cluster::required();
+    let p = profile();
+    let scale = Run::scale_for(Duration::from_secs(80));
+    let mut run = Run::scaled("c-group", 3, &[], scale, (false, Stage::None));
+    let group = run.group.clone();
+    run.wait_progress(run.total() / 20, Duration::from_secs(120));
+    let mut plan = vec!["rebalance"; p.broker_kills.max(2)];
+    plan.extend(std::iter::repeat_n("kill", p.kills.div_ceil(4)));
+    plan.shuffle(&mut rand::rng());
+    let step = 0.6 / plan.len() as f64;
+    let mut rebalances = 0;
+    for what in plan {
+        if !run.after_more_progress(step) {
+            break;
+        }
+        let alive: Vec<usize> = (0..3).filter(|&i| run.live[i].is_some()).collect();
+        let i = alive[rand::rng().random_range(0..alive.len())];
+        if what == "kill" {
+            exactly_killed(&mut run, i);
+            continue;
+        }
+        let node = cluster.group_coordinator(&group);
+        let join = alive.len() < 3;
+        let kind = if join {
+            "member joins, group coordinator kill -9 mid-rebalance"
+        } else {
+            "member leaves, group coordinator kill -9 mid-rebalance"
+        };
+        run.fault(kind, |r| {
+            if join {
+                let dead = (0..3).find(|&d| r.live[d].is_none()).unwrap();
+                r.start(dead);
+                // The new member's JoinGroup reaches the coordinator within a second or two.
+                pause_ms(500..2000);
+            } else {
+                r.sigterm(i);
+                pause_ms(0..300);
+            }
+            cluster.kill(node);
+        });
+        rebalances += 1;
+        heal(&cluster, node);
+    }
+    assert!(rebalances > 0, "no coordinator kill landed mid-stream");
+    run.start_stopped();
+    run.finish();
+}
+
+/// The leader of an output partition killed (-9) while transactions write to it.
+#[test]
+#[ignore = "needs the three-broker cluster: scripts/faults.sh cluster"]
+fn cluster_output_leader_killed() {
+    let _s = serial();
+    let cluster = Cluster::required();
+    let p = profile();
+    let scale = Run::scale_for(Duration::from_secs(60));
+    let mut run = Run::scaled("c-leader", 2, &[], scale, (false, Stage::None));
+    let output = run.topics.output.clone();
+    run.wait_progress(run.total() / 20, Duration::from_secs(120));
+    let mut plan = vec!["leader"; p.broker_kills.max(2)];
+    plan.extend(std::iter::repeat_n("kill", p.kills.div_ceil(4)));
+    plan.shuffle(&mut rand::rng());
+    let step = 0.6 / plan.len() as f64;
+    let mut leaders = 0;
+    for what in plan {
+        if !run.after_more_progress(step) {
+            break;
+        }
+        let i = rand::rng().random_range(0..2);
+        if what == "kill" {
+            exactly_killed(&mut run, i);
+            continue;
+        }
+        let partition = rand::rng().random_range(0..3);
+        let node = cluster.leader(&output, partition);
+        run.fault("output partition leader kill -9", |_| cluster.kill(node));
+        assert_ne!(
+            cluster.leader(&output, partition),
+            node,
+            "leadership did not move"
+        );
+        leaders += 1;
+        heal(&cluster, node);
+    }
+    assert!(leaders > 0, "no leader kill landed mid-stream");
+    run.finish();
+}
+
+/// A rolling restart under load: each broker in turn stopped with SIGTERM (a controlled
+/// shutdown), started again, and the next only once no partition is under-replicated — what
+/// every upgrade does. exactly is killed (-9) once along the way.
+#[test]
+#[ignore = "needs the three-broker cluster: scripts/faults.sh cluster"]
+fn cluster_rolling_restart() {
+    let _s = serial();
+    let cluster = Cluster::required();
+    let p = profile();
+    let rounds = if p.name == "full" { 2 } else { 1 };
+    // A controlled shutdown, a start and the catch-up take 10–20 s a broker.
+    let scale = Run::scale_for(Duration::from_secs(75 * rounds as u64));
+    let mut run = Run::scaled("c-rolling", 2, &[], scale, (false, Stage::None));
+    run.wait_progress(run.total() / 20, Duration::from_secs(120));
+    let kill_after = rand::rng().random_range(1..3 * rounds);
+    let mut restarted = 0;
+    for round in 0..rounds {
+        for node in 1..=3 {
+            if !run.generating() {
+                break;
+            }
+            run.fault("broker SIGTERM + restart (rolling)", |_| {
+                cluster.stop(node);
+                cluster.start(node);
+            });
+            cluster.wait_replicated(Duration::from_secs(120));
+            restarted += 1;
+            if round * 3 + node as usize == kill_after {
+                let i = rand::rng().random_range(0..2);
+                exactly_killed(&mut run, i);
+            }
+        }
+    }
+    assert_eq!(
+        restarted,
+        3 * rounds,
+        "the input ran out before the rolling restart ended"
+    );
+    run.finish();
+}
+
+/// A broker paused (SIGSTOP) for longer than the session and request timeouts — the
+/// transaction coordinator of one instance, so the slow broker is one exactly must talk to —
+/// then resumed. One instance is killed (-9) and restarted while the broker is stopped.
+#[test]
+#[ignore = "needs the three-broker cluster: scripts/faults.sh cluster"]
+fn cluster_broker_paused() {
+    let _s = serial();
+    let cluster = Cluster::required();
+    let p = profile();
+    let pauses = if p.name == "full" { 2 } else { 1 };
+    // Past librdkafka's request.timeout.ms (30 s) and the tests' session timeout (6 s).
+    let stopped = Duration::from_secs(35);
+    let scale = Run::scale_for((stopped + Duration::from_secs(30)) * pauses as u32);
+    let mut run = Run::scaled("c-paused", 2, &[], scale, (false, Stage::None));
+    let txn = run.transactional_id(0);
+    let step = 0.7 / pauses as f64;
+    let mut paused = 0;
+    for n in 0..pauses {
+        if !run.after_more_progress(step / 2.0) {
+            break;
+        }
+        let node = cluster.transaction_coordinator(&txn);
+        run.fault("transaction coordinator SIGSTOP 35 s, SIGCONT", |r| {
+            cluster.pause(node);
+            std::thread::sleep(Duration::from_secs(5));
+            if n == 0 {
+                // kill -9 of an instance while the broker is stopped.
+                r.restart_killed(1);
+            }
+            std::thread::sleep(stopped - Duration::from_secs(5));
+            cluster.resume(node);
+        });
+        paused += 1;
+        cluster.wait_replicated(Duration::from_secs(120));
+    }
+    assert_eq!(paused, pauses, "the input ran out before every pause");
+    run.finish();
+}
+
+/// Two of three brokers down: fewer in-sync replicas than min.insync.replicas, so no
+/// transaction can commit. exactly must stall without losing anything — the signals
+/// ExactlyCommitsStalled fires on hold (no commit while records wait) and the aborts are
+/// counted — survive a kill -9 of its own meanwhile, and resume once one broker returns.
+#[test]
+#[ignore = "needs the three-broker cluster: scripts/faults.sh cluster"]
+fn cluster_min_insync_not_met() {
+    let _s = serial();
+    let cluster = Cluster::required();
+    let outage = Duration::from_secs(20);
+    let scale = Run::scale_for(outage + Duration::from_secs(60));
+    let mut run = Run::scaled(
+        "c-minisr",
+        1,
+        &["--static-membership"],
+        scale,
+        (false, Stage::None),
+    );
+    run.wait_progress(run.total() / 5, Duration::from_secs(120));
+    let mut nodes = [1, 2, 3];
+    nodes.shuffle(&mut rand::rng());
+    let (down, kept) = (&nodes[..2], nodes[2]);
+    let before = run.progress();
+    let t0 = Instant::now();
+    for &n in down {
+        cluster.kill(n);
+    }
+    eprintln!("[c-minisr] brokers {down:?} killed, {kept} left: min.insync.replicas not met");
+    // Transactions open before the kill may still commit for a moment (the ISR shrinks only
+    // when the controller fences the dead brokers); then nothing may.
+    std::thread::sleep(Duration::from_secs(6));
+    let stalled_at = run.progress();
+    let addr = http_addr(run.live[0].as_ref().unwrap());
+    let last_commit = |addr: &str| {
+        get(addr, "/metrics")
+            .map(|(_, text)| metric(&text, "exactly_last_commit_timestamp_seconds", &[]))
+            .unwrap_or(0.0)
+    };
+    let lag = |addr: &str| -> f64 {
+        let text = get(addr, "/metrics").map(|(_, t)| t).unwrap_or_default();
+        samples(&text, "exactly_consumer_lag_records", &[])
+            .iter()
+            .sum()
+    };
+    let first = last_commit(&addr);
+    std::thread::sleep(Duration::from_secs(5));
+    // ExactlyCommitsStalled's two signals: no commit, and records waiting.
+    let (second, waiting) = (last_commit(&addr), lag(&addr));
+    // kill -9 while two brokers are down: the new instance cannot even initialise its
+    // transactions until one returns (and waits for it, within --startup-timeout).
+    run.restart_killed(0);
+    std::thread::sleep(outage.saturating_sub(t0.elapsed()));
+    let stalled = run.progress();
+    eprintln!(
+        "[c-minisr] progress {before} before, {stalled_at} 6 s in, {stalled} after {:?}; \
+         {waiting} records waiting",
+        t0.elapsed()
+    );
+    assert_eq!(
+        stalled, stalled_at,
+        "a transaction committed below min.insync.replicas"
+    );
+    assert!(first > 0.0, "no commit before the outage");
+    assert_eq!(
+        second, first,
+        "the last-commit gauge moved during the outage"
+    );
+    assert!(waiting > 0.0, "the lag gauge shows no record waiting");
+    let addr = http_addr(run.live[0].as_ref().unwrap());
+    // The restarted instance has committed nothing (its last-commit gauge never set).
+    assert_eq!(last_commit(&addr), 0.0, "the restarted instance committed");
+    run.fault("broker back (exactly killed -9 during the outage)", |_| {
+        cluster.start(down[0]);
+    });
+    heal(&cluster, down[1]);
     run.finish();
 }

@@ -75,6 +75,15 @@ pub fn create_topics(topics: &[(&str, i32)]) {
 /// Topic settings: (name, value) pairs.
 pub type TopicConfig<'a> = &'a [(&'a str, &'a str)];
 
+/// The replication factor of the tests' topics: 1 on the test broker, 3 on the three-broker
+/// cluster (`EXACTLY_TEST_REPLICATION`, set by scripts/faults.sh cluster).
+pub fn replication() -> i32 {
+    std::env::var("EXACTLY_TEST_REPLICATION")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(1)
+}
+
 /// Creates topics with the given partition counts and topic configs.
 pub fn create_topics_with(topics: &[(&str, i32, TopicConfig<'_>)]) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
@@ -85,7 +94,7 @@ pub fn create_topics_with(topics: &[(&str, i32, TopicConfig<'_>)]) {
         .iter()
         .map(|(t, p, config)| {
             config.iter().fold(
-                NewTopic::new(t, *p, TopicReplication::Fixed(1)),
+                NewTopic::new(t, *p, TopicReplication::Fixed(replication())),
                 |n, (k, v)| n.set(k, v),
             )
         })

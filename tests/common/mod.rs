@@ -14,6 +14,8 @@
 //! - `http`: a running exactly's endpoints: GET, and metric samples out of `/metrics`.
 //! - `checks`: assertions and waits: committed offsets, settled transactions, the exactly-once
 //!   check, and the metric families exactly exports.
+//! - `cluster`: the three-broker cluster of the cluster fault scenarios: leaders,
+//!   coordinators, replication, broker faults (`scripts/cluster.sh`).
 //! - `sql`: the test databases (PostgreSQL and MariaDB) reached one way, for the database
 //!   sink's tests.
 //!
@@ -24,6 +26,7 @@
 mod app;
 mod broker;
 mod checks;
+mod cluster;
 mod data;
 mod http;
 mod process;
@@ -36,6 +39,8 @@ pub use app::*;
 pub use broker::*;
 #[allow(unused_imports)]
 pub use checks::*;
+#[allow(unused_imports)]
+pub use cluster::*;
 #[allow(unused_imports)]
 pub use data::*;
 #[allow(unused_imports)]

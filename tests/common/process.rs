@@ -20,12 +20,24 @@ pub struct Exactly {
 /// Settings every test run uses: its broker, quick group membership; and the consumer
 /// settings in `EXACTLY_TEST_CONSUMER_CONFIG` (`key=value;…`), to run a suite with candidate
 /// settings (`EXACTLY_CONSUMER_CONFIG` would not do: the arguments here replace it).
+///
+/// With `EXACTLY_TEST_GROUP_PROTOCOL=consumer` every instance joins with KIP-848's protocol,
+/// whose quick session timeout and heartbeat are the test brokers' (`group.consumer.*`).
 pub fn base_args(topics: &Topics, group: &str, instance: &str) -> Vec<String> {
     let extra = std::env::var("EXACTLY_TEST_CONSUMER_CONFIG").unwrap_or_default();
     let extra = extra
         .split(';')
         .filter(|kv| !kv.is_empty())
         .flat_map(|kv| ["--consumer-config".to_string(), kv.to_string()]);
+    let membership: &[&str] = match group_protocol().as_str() {
+        "classic" => &[
+            "--consumer-config",
+            "session.timeout.ms=6000",
+            "--consumer-config",
+            "heartbeat.interval.ms=500",
+        ],
+        _ => &["--group-protocol", "consumer"],
+    };
     [
         "run",
         "--bootstrap-servers",
@@ -40,17 +52,24 @@ pub fn base_args(topics: &Topics, group: &str, instance: &str) -> Vec<String> {
         instance,
         "--log-format",
         "json",
-        "--consumer-config",
-        "session.timeout.ms=6000",
-        "--consumer-config",
-        "heartbeat.interval.ms=500",
         "--http-addr",
         "127.0.0.1:0",
     ]
     .iter()
+    .chain(membership)
     .map(|s| s.to_string())
     .chain(extra)
     .collect()
+}
+
+/// The group protocol the tests run exactly with: `EXACTLY_TEST_GROUP_PROTOCOL`, classic by
+/// default.
+pub fn group_protocol() -> String {
+    match std::env::var("EXACTLY_TEST_GROUP_PROTOCOL").as_deref() {
+        Ok("consumer") => "consumer".into(),
+        Ok("classic") | Err(_) => "classic".into(),
+        Ok(other) => panic!("EXACTLY_TEST_GROUP_PROTOCOL={other}: classic or consumer"),
+    }
 }
 
 impl Exactly {
