@@ -16,7 +16,9 @@ use tokio_util::sync::CancellationToken;
 pub struct Health {
     epoch: Instant,
     last_beat_ms: AtomicU64,
-    call: Mutex<Option<(&'static str, Instant)>>,
+    /// The call in progress: its name, since when, and whether it is a librdkafka call that
+    /// was given a timeout (only those can be stuck for good, see [`Health::watch`]).
+    call: Mutex<Option<(&'static str, Instant, bool)>>,
     ready: AtomicBool,
 }
 
@@ -50,7 +52,18 @@ impl Health {
 
     /// The loop enters a blocking call named `name` until the guard drops.
     pub fn in_call(&self, name: &'static str) -> InCall<'_> {
-        *self.call.lock().unwrap_or_else(|p| p.into_inner()) = Some((name, Instant::now()));
+        self.enter(name, false)
+    }
+
+    /// Like [`Health::in_call`], for a librdkafka call given the transaction timeout: past
+    /// the watchdog's bound it counts as stuck for good and the process leaves. (A database
+    /// write or an at-least-once settle may legitimately take longer: only logged.)
+    pub fn in_kafka_call(&self, name: &'static str) -> InCall<'_> {
+        self.enter(name, true)
+    }
+
+    fn enter(&self, name: &'static str, kafka: bool) -> InCall<'_> {
+        *self.call.lock().unwrap_or_else(|p| p.into_inner()) = Some((name, Instant::now(), kafka));
         self.beat();
         InCall(self)
     }
@@ -78,7 +91,7 @@ impl Health {
         }
         let call = *self.call.lock().unwrap_or_else(|p| p.into_inner());
         Some(match call {
-            Some((name, since)) => format!(
+            Some((name, since, _)) => format!(
                 "pipeline loop stuck in {name} for {:.0?}",
                 now.saturating_duration_since(since)
             ),
@@ -94,7 +107,10 @@ impl Health {
     }
 
     fn stuck_in_call_at(&self, now: Instant, bound: Duration) -> Option<String> {
-        let (name, since) = (*self.call.lock().unwrap_or_else(|p| p.into_inner()))?;
+        let (name, since, kafka) = (*self.call.lock().unwrap_or_else(|p| p.into_inner()))?;
+        if !kafka {
+            return None;
+        }
         let inside = now.saturating_duration_since(since);
         (inside > bound).then(|| format!("the pipeline loop is stuck in {name} for {inside:.0?}"))
     }
@@ -178,7 +194,14 @@ mod tests {
             h.stuck_in_call_at(now + Duration::from_secs(600), bound),
             None
         );
-        let g = h.in_call("send_offsets_to_transaction");
+        // A call that may legitimately take long (a database write): never stuck.
+        let g = h.in_call("database commit");
+        assert_eq!(
+            h.stuck_in_call_at(now + Duration::from_secs(600), bound),
+            None
+        );
+        drop(g);
+        let g = h.in_kafka_call("send_offsets_to_transaction");
         assert_eq!(
             h.stuck_in_call_at(now + Duration::from_secs(30), bound),
             None
@@ -189,7 +212,7 @@ mod tests {
         assert!(s.contains("send_offsets_to_transaction"), "{s}");
         // A retry enters the call anew: the bound is per call, not per loop turn.
         drop(g);
-        let _g = h.in_call("send_offsets_to_transaction");
+        let _g = h.in_kafka_call("send_offsets_to_transaction");
         assert_eq!(
             h.stuck_in_call_at(Instant::now() + Duration::from_secs(30), bound),
             None

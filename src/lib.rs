@@ -222,6 +222,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         })
         .map_err(|e| Error::Startup(format!("cannot start the loop thread: {e}")))?;
     let result = tokio::select! {
+        // A loop that has ended wins a tie with the watchdog.
+        biased;
         r = rx => r.unwrap_or_else(|_| Err(Error::Startup("the loop thread panicked".into()))),
         // The loop thread stays inside its call; the process ends without it.
         Ok(Some(stuck)) = &mut watchdog => Err(Error::Stuck(stuck)),

@@ -73,7 +73,7 @@ impl Bounds {
         let mut tries = 0;
         loop {
             let result = {
-                let _g = self.health.in_call(name);
+                let _g = self.health.in_kafka_call(name);
                 f(self.timeout())
             };
             let e = match result {

@@ -43,7 +43,7 @@ impl Sink for ExactlyOnce {
         // a second of it.
         let (began, timeout) = (Instant::now(), bounds.timeout());
         let connected = self.connection.connect(timeout, |p| {
-            let _g = bounds.health.in_call("init_transactions");
+            let _g = bounds.health.in_kafka_call("init_transactions");
             let left = timeout.saturating_sub(began.elapsed());
             p.inner()
                 .init_transactions(left.max(Duration::from_secs(1)))
@@ -58,7 +58,7 @@ impl Sink for ExactlyOnce {
         let p = self.p();
         p.reset();
         let result = {
-            let _g = bounds.health.in_call("begin_transaction");
+            let _g = bounds.health.in_kafka_call("begin_transaction");
             p.inner().begin_transaction()
         };
         result.map_err(|e| {
@@ -148,7 +148,7 @@ impl Sink for ExactlyOnce {
         // it finds nothing left. A flush that fails (a whole call timeout without every
         // delivery) ends the transaction here: commit_transaction would wait as long again.
         let flushed = {
-            let _g = bounds.health.in_call("flush");
+            let _g = bounds.health.in_kafka_call("flush");
             p.flush(bounds.timeout())
         };
         if let Err(e) = flushed {
@@ -203,7 +203,7 @@ impl Sink for ExactlyOnce {
             // record is only delivered once its partition is registered, so waiting for the
             // deliveries first closes the window (queued records were purged already if the
             // transaction failed). Bounded: an unreachable broker is the recreate path's.
-            let _g = bounds.health.in_call("flush");
+            let _g = bounds.health.in_kafka_call("flush");
             let _ = p.flush(bounds.timeout().min(Duration::from_secs(5)));
         }
         let aborted = bounds.retry(KafkaCall::Abort, "abort_transaction", |t| {
