@@ -256,13 +256,16 @@ acls() {
   log "creating the security tests' ACLs"
   local bootstrap all=(exactly exactly-mtls no-input-read no-group-read no-output-write no-dlq-write no-txn-write)
   bootstrap="127.0.0.1:$(cat "$run/port")"
+  # Kafka 4.0 moved the tool from kafka.admin (Scala) to org.apache.kafka.tools.
+  local acl_command=org.apache.kafka.tools.AclCommand
+  case "$version" in 3.*) acl_command=kafka.admin.AclCommand ;; esac
   grant() { # LACKING RESOURCE-ARGS... : allow every principal but LACKING
     local lacking=$1 p args=()
     shift
     for p in "${all[@]}"; do
       [ "$p" = "$lacking" ] || args+=(--allow-principal "User:$p")
     done
-    "${jvm[@]}" -Dorg.slf4j.simpleLogger.defaultLogLevel=warn org.apache.kafka.tools.AclCommand \
+    "${jvm[@]}" -Dorg.slf4j.simpleLogger.defaultLogLevel=warn "$acl_command" \
       --bootstrap-server "$bootstrap" --add --resource-pattern-type prefixed "${args[@]}" "$@" \
       >>"$run/acls.log" 2>&1 || { tail -20 "$run/acls.log" >&2; return 1; }
   }

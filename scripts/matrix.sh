@@ -38,8 +38,8 @@ for version in "${versions[@]}"; do
         broker_kill_and_restart >>"$log" 2>&1 || outcome=failed
     fi
     scripts/kafka.sh stop >>"$log" 2>&1 || true
-    passed=$(grep -Eo '[0-9]+ passed' "$log" | awk '{s += $1} END {print s + 0}')
-    failed=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s += $1} END {print s + 0}')
+    passed=$({ grep -Eo '[0-9]+ passed' "$log" || true; } | awk '{s += $1} END {print s + 0}')
+    failed=$({ grep -Eo '[0-9]+ failed' "$log" || true; } | awk '{s += $1} END {print s + 0}')
     failures=$(grep -E '^    [a-z_0-9:]+$' "$log" | sed 's/^ *//' | paste -sd, - || true)
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$version" "$protocol" "$outcome" "$passed" \
       "$failed" "$((SECONDS - started))" "${failures:-}" >>"$results"

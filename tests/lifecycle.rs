@@ -136,15 +136,34 @@ fn a_fenced_static_consumer_is_replaced_and_nothing_is_lost() {
     wait_committed_at_least(&group, &topics.input, 1, Duration::from_secs(60));
 
     // A second process with the same group.instance.id (a misconfiguration, or the self-fencing
-    // librdkafka does after a session timeout) fences a's consumer: a must not die of it.
+    // librdkafka does after a session timeout). Under the classic protocol it fences a's
+    // consumer: a must not die of it. Under the consumer protocol (KIP-848) the broker refuses
+    // the newcomer instead (UNRELEASED_INSTANCE_ID, fatal to its consumer): b must not take
+    // anything, and a is not disturbed.
     let mut b_args = args.clone();
     b_args.extend(["--transactional-id".to_string(), unique("fence-b")]);
     let mut b = Exactly::start(&b_args);
-    a.wait_log(
-        "a replaces its fenced consumer",
-        Duration::from_secs(60),
-        |e| !e.events("consumer fenced; replacing it").is_empty(),
-    );
+    let fenced = |e: &Exactly| !e.events("consumer fenced; replacing it").is_empty();
+    if group_protocol() == "consumer" {
+        b.wait_log("b refused its place", Duration::from_secs(60), fenced);
+        assert!(
+            b.log_text().contains("UnreleasedInstanceId"),
+            "{}",
+            b.log_text()
+        );
+        assert!(
+            b.events("partitions assigned").is_empty(),
+            "{}",
+            b.log_text()
+        );
+        assert!(!fenced(&a), "{}", a.log_text());
+    } else {
+        a.wait_log(
+            "a replaces its fenced consumer",
+            Duration::from_secs(60),
+            fenced,
+        );
+    }
     b.kill9();
     assert!(!a.has_exited());
     wait_all_committed(&group, &topics.input, Duration::from_secs(180));
