@@ -406,12 +406,15 @@ impl Run {
         let p = self.live[i].as_mut().unwrap();
         p.signal(Signal::SIGTERM);
         let status = p.wait(Duration::from_secs(20));
-        assert_eq!(
-            status.code(),
-            Some(0),
-            "SIGTERM exit; log:\n{}",
+        // An instance stuck inside librdkafka when the SIGTERM comes leaves with 4 (what it
+        // held is fenced by the next start, as after any exit 4).
+        let stuck = status.code() == Some(4) && p.log_text().contains("is stuck in");
+        assert!(
+            status.code() == Some(0) || stuck,
+            "SIGTERM exit {status:?}; log:\n{}",
             p.log_text()
         );
+        self.stuck_exits += usize::from(stuck);
         self.retire(i);
     }
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
@@ -45,6 +45,33 @@ fn client(plan: &Plan, isolation: Isolation) -> Result<AuditConsumer, Error> {
         .to_rdkafka(Role::AuditReader { isolation })
         .create_with_context(AuditContext)
         .map_err(|e| Error::Config(format!("--consumer-config: {e}")))
+}
+
+/// Calls `f` again while its error says a partition's leadership is moving (right after a
+/// broker restart the client's metadata names the old leader for a moment): ten tries, 300 ms
+/// apart; any other error at once.
+fn leader_moves<T>(mut f: impl FnMut() -> KafkaResult<T>) -> KafkaResult<T> {
+    let mut tries = 0;
+    loop {
+        match f() {
+            Err(e)
+                if tries < 10
+                    && matches!(
+                        e.rdkafka_error_code(),
+                        Some(
+                            RDKafkaErrorCode::NotLeaderForPartition
+                                | RDKafkaErrorCode::LeaderNotAvailable
+                                | RDKafkaErrorCode::NotCoordinator
+                                | RDKafkaErrorCode::BrokerNotAvailable
+                        )
+                    ) =>
+            {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(300));
+            }
+            result => return result,
+        }
+    }
 }
 
 fn kafka(context: &str) -> impl FnOnce(KafkaError) -> Error + '_ {
@@ -160,13 +187,9 @@ impl Readers<'_> {
     /// watermark is the LSO).
     fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), Error> {
         let timeout = self.plan.timeout;
-        let (_, hw) = self
-            .uncommitted
-            .fetch_watermarks(topic, partition, timeout)
+        let (_, hw) = leader_moves(|| self.uncommitted.fetch_watermarks(topic, partition, timeout))
             .map_err(kafka("reading high watermarks"))?;
-        let (_, lso) = self
-            .committed
-            .fetch_watermarks(topic, partition, timeout)
+        let (_, lso) = leader_moves(|| self.committed.fetch_watermarks(topic, partition, timeout))
             .map_err(kafka("reading last stable offsets"))?;
         Ok((hw, lso))
     }
@@ -345,4 +368,34 @@ fn read_ranges(
     }
     c.unassign().map_err(kafka("unassigning"))?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod leader_tests {
+    use super::*;
+
+    #[test]
+    fn a_moving_leader_is_waited_for_and_other_errors_are_not() {
+        let mut calls = 0;
+        let r = leader_moves(|| {
+            calls += 1;
+            if calls < 3 {
+                Err(KafkaError::MetadataFetch(
+                    RDKafkaErrorCode::NotLeaderForPartition,
+                ))
+            } else {
+                Ok(7)
+            }
+        });
+        assert_eq!((r.ok(), calls), (Some(7), 3));
+        let mut calls = 0;
+        let r: KafkaResult<i32> = leader_moves(|| {
+            calls += 1;
+            Err(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::UnknownTopicOrPartition,
+            ))
+        });
+        assert!(r.is_err());
+        assert_eq!(calls, 1);
+    }
 }
