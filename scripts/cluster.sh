@@ -143,15 +143,7 @@ EOF
     } >"$(dir "$n")/server.properties"
   done
   local cluster
-  # Base64 of a random UUID, never starting with '-' (the storage tool would take it for an
-  # option; see scripts/kafka.sh).
-  cluster=$(python3 -c '
-import base64, uuid
-while True:
-    id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-    if not id.startswith("-"):
-        print(id)
-        break')
+  cluster=$("$here/kafka.sh" cluster-id)
   for n in "${brokers[@]}" $controller; do
     init_jvm
     "${jvm[@]}" kafka.tools.StorageTool format -t "$cluster" -c "$(dir "$n")/server.properties" \

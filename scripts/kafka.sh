@@ -12,6 +12,7 @@
 #   scripts/kafka.sh reset      stop and delete its data
 #   scripts/kafka.sh jars       fetch the jars and print their directory (scripts/cluster.sh)
 #   scripts/kafka.sh version    print the Kafka version in use
+#   scripts/kafka.sh cluster-id print a new KRaft cluster id (scripts/cluster.sh)
 #   scripts/kafka.sh tool CLASS ARGS…  run a Kafka tool from the same jars, e.g.
 #       scripts/kafka.sh tool org.apache.kafka.tools.TopicCommand --bootstrap-server … --list
 #
@@ -229,17 +230,7 @@ PY
   for name in "${users[@]}" admin; do
     scram+=(--add-scram "SCRAM-SHA-512=[name=$name,password=$(password "$name")]")
   done
-  local cluster
-  # Base64 of a random UUID, as Kafka's own: never starting with '-', which the storage tool's
-  # argument parser would take for an option (1 start in 64 failed CI so).
-  cluster=$(python3 -c '
-import base64, uuid
-while True:
-    id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-    if not id.startswith("-"):
-        print(id)
-        break')
-  "${jvm[@]}" kafka.tools.StorageTool format -t "$cluster" -c "$run/server.properties" \
+  "${jvm[@]}" kafka.tools.StorageTool format -t "$(cluster_id)" -c "$run/server.properties" \
     "${scram[@]}" >"$run/format.log" 2>&1 || { cat "$run/format.log" >&2; return 1; }
 }
 
@@ -251,6 +242,18 @@ password() {
 # The ACLs of the security tests' principals, by prefix: inputs sec-in-*, outputs sec-out-*,
 # dead letters sec-dlq-*, groups and transactional ids sec-*. Each no-<permission> user has
 # everything but that one. Created once, after the first start (they live in the metadata log).
+# A new cluster id: base64 of a random UUID, as Kafka's own, never starting with '-', which the
+# storage tool's argument parser would take for an option (1 start in 64 failed CI so).
+cluster_id() {
+  python3 -c '
+import base64, uuid
+while True:
+    id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    if not id.startswith("-"):
+        print(id)
+        break'
+}
+
 acls() {
   [ -f "$run/acls.done" ] && return 0
   log "creating the security tests' ACLs"
@@ -366,6 +369,7 @@ case "${1:-}" in
     stop
     rm -rf "$run"
     ;;
+  cluster-id) cluster_id ;;
   jars)
     fetch
     echo "$jars"

@@ -1179,32 +1179,15 @@ mod tests {
         let c = parse(&["--group-protocol", "consumer"]).unwrap();
         assert_eq!(c.group.protocol, GroupProtocol::Consumer);
         assert_eq!(parse(&[]).unwrap().group.protocol, GroupProtocol::Classic);
-        let consumer = ["--group-protocol", "consumer"];
-        let e = parse(
-            &[
-                &consumer[..],
-                &["--consumer-config", "session.timeout.ms=6000"],
-            ]
-            .concat(),
-        )
-        .unwrap_err();
-        assert!(
-            e.starts_with("--consumer-config: session.timeout.ms")
-                && e.contains("group.consumer.session.timeout.ms"),
-            "{e}"
-        );
-        let e = parse(
-            &[
-                &consumer[..],
-                &["--kafka-config", "heartbeat.interval.ms=500"],
-            ]
-            .concat(),
-        )
-        .unwrap_err();
-        assert!(
-            e.starts_with("--kafka-config: heartbeat.interval.ms"),
-            "{e}"
-        );
+        for (flag, setting) in [
+            ("--consumer-config", "session.timeout.ms=6000"),
+            ("--kafka-config", "heartbeat.interval.ms=500"),
+        ] {
+            let e = parse(&["--group-protocol", "consumer", flag, setting]).unwrap_err();
+            let key = setting.split('=').next().unwrap_or_default();
+            assert!(e.starts_with(&format!("{flag}: {key}")), "{e}");
+            assert!(e.contains(&format!("group.consumer.{key}")), "{e}");
+        }
         // The classic protocol takes them from the client as before.
         assert!(parse(&["--consumer-config", "session.timeout.ms=6000"]).is_ok());
         // group.protocol itself is the option's.
