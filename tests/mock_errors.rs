@@ -411,12 +411,18 @@ fn a_timed_out_produce_request_means_a_new_producer_before_the_next_transaction(
     assert!(ended <= 1, "{log:#?}");
 }
 
-/// A group coordinator that is gone for good while the transaction commits its offsets: the
-/// coordinator of the group on broker 2, which goes down while exactly is stopped. If
-/// librdkafka's `send_offsets_to_transaction` waits for it past its timeout (#5456: the
-/// coordinator request's timeout is never checked), exactly leaves with exit code 4 once the
+/// A group coordinator that is gone for good when the transaction commits its offsets: the
+/// coordinator of the group on broker 2, down (and seen down by exactly) before the records
+/// come. librdkafka's `send_offsets_to_transaction` waits for it past its timeout (#5456: the
+/// coordinator request's timeout is never checked), so exactly leaves with exit code 4 once the
 /// call is past the transaction timeout + 30 s; a restart fences the stuck producer. Watched
 /// failing with the bound at 3,000 s: the call was still inside librdkafka 120 s later.
+///
+/// The broker goes down before the records are written, and the test waits for exactly's
+/// client to see it: an earlier version stopped exactly with SIGSTOP around the broker's fall,
+/// and on a loaded machine librdkafka sometimes wrote the offsets' request on the old
+/// connection before it read the close. That request timed out in 6 s, as it should, and no
+/// call was stuck, so the test waited for an exit that was never due.
 #[test]
 fn a_call_that_never_returns_ends_the_process_and_a_restart_resumes() {
     let mut m = Mock::with_brokers(2);
@@ -432,10 +438,18 @@ fn a_call_that_never_returns_ends_the_process_and_a_restart_resumes() {
     m.write(10);
     let mut ex = m.start(&["--transaction-timeout", "6s"]);
     m.wait_all_committed(&ex, Duration::from_secs(60));
-    ex.signal(Signal::SIGSTOP);
-    m.write(10);
     m.cluster.broker_down(2).unwrap();
-    ex.signal(Signal::SIGCONT);
+    // Idle, exactly's group coordinator connection sees the broker go. (The session timeout,
+    // 45 s, keeps the assignment meanwhile; the inputs' leaders are on broker 1.)
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !messages(&ex).iter().any(|m| {
+        m.contains("GroupCoordinator")
+            && (m.contains("Disconnected") || m.contains("Connection refused"))
+    }) {
+        assert!(Instant::now() < deadline, "{}", ex.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    m.write(10);
     let t0 = Instant::now();
     let status = ex.wait(Duration::from_secs(120));
     let waited = t0.elapsed();

@@ -210,8 +210,9 @@ impl GroupProtocol {
         }
     }
 
-    /// Consumer settings this protocol takes from the broker instead: a user's value would be
-    /// ignored (or refused) by librdkafka, so start-up refuses it, saying where it lives.
+    /// Consumer settings this protocol takes from the broker instead: librdkafka 2.12 refuses a
+    /// user's value when the consumer is created, so start-up refuses it first, naming the flag
+    /// and saying where the setting lives.
     pub fn brokers_settings(self) -> &'static [(&'static str, &'static str)] {
         match self {
             GroupProtocol::Classic => &[],
