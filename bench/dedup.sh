@@ -22,7 +22,7 @@
 # AGGREGATE="--aggregate count" measures another set of measures; SYSTEMS="… kstreams-count"
 # is Kafka Streams' count per device per day, each day once it closes (the peer's `count`).
 # SYSTEMS="… kstreams-txn" adds Kafka Streams 4.4.0 (built apart, in target-4.4.0) with the
-# KIP-892 transactional state stores (BENCH_STREAMS_CONFIG); the broker stays 4.1.1.
+# KIP-892 transactional state stores (BENCH_STREAMS_CONFIG); the broker is the test broker (scripts/kafka/pom.xml).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 repo=$PWD
