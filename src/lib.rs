@@ -37,7 +37,8 @@
 //! - [`transform`]: the [`transform::Transform`] lifecycle (apply, partitions assigned and
 //!   revoked, how each unit its records went into ended; a bad record is not an unavailable
 //!   transform), one file per kind: passthrough,
-//!   jq (jaq), the dedup (the first record per key per window, its keys in the transaction and
+//!   jq (jaq; programs of an enrichment's shape run straight over jaq's values, without its
+//!   interpreter: `transform::jq::direct`), the dedup (the first record per key per window, its keys in the transaction and
 //!   a changelog; or, with `--aggregate`, count, sum and distinct per group per window on the
 //!   same state); and [`transform::call`], the call-out's wire format, its
 //!   [`transform::call::Application`] seam and HTTP client, and the pure function from a

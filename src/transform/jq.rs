@@ -4,14 +4,23 @@
 //! record's metadata is there as `$key`, `$topic`, `$partition`, `$offset`, `$timestamp` and
 //! `$headers`. Each output becomes one record: its JSON text as the value (plain mode), or an
 //! envelope `{"key", "value", "topic", "headers"}` that says everything about the record.
+//!
+//! A program of an enrichment's shape (field reads and assignments, `del`, arithmetic,
+//! comparisons, `select`, objects and arrays built from fields, builtins called with
+//! constants) also gets a [`direct`] form, run without jaq's interpreter; a record it cannot
+//! decide, or that raises a jq error, is run by jaq as before.
+
+mod direct;
 
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use jaq_core::data::JustLut;
 use jaq_core::load::{self, Arena, File, Loader};
 use jaq_core::{Compiler, Ctx, Vars, unwrap_valr};
 use jaq_json::{Map, Val};
 
+use self::direct::{Direct, Stop};
 use super::json::{parse_json, write_compact};
 use super::{
     Failure, InputRecord, Limits, OutputHeaders, OutputRecord, Reason, Transform, TransformError,
@@ -33,6 +42,11 @@ const VARS: [&str; 7] = [
 /// A compiled jq program.
 pub struct Jq {
     filter: jaq_core::Filter<JustLut<Val>>,
+    /// The program without jaq's interpreter, when its shape allows (most enrichments).
+    direct: Option<Direct>,
+    /// Records in a row the direct program left to jaq undecided; past [`GIVE_UP_AFTER`]
+    /// jaq runs them all (a program whose builtin yields several values on every record).
+    unsure: AtomicU32,
     envelope: bool,
     limits: Limits,
     pp: jaq_json::write::Pp,
@@ -44,40 +58,64 @@ pub struct Jq {
 impl Jq {
     /// Compiles `code`; the error is jaq's message with a line and column.
     pub fn compile(code: &str, envelope: bool, limits: Limits) -> Result<Jq, String> {
-        let defs = jaq_core::defs()
-            .chain(jaq_std::defs())
-            .chain(jaq_json::defs());
-        let funs = jaq_core::funs()
-            .chain(jaq_std::funs())
-            .chain(jaq_json::funs());
-        let arena = Arena::default();
-        let modules = Loader::new(defs)
-            .load(&arena, File { code, path: () })
-            .map_err(|errs| describe_load_errors(code, errs))?;
-        let filter = Compiler::default()
-            .with_funs(funs)
-            .with_global_vars(VARS)
-            .compile(modules)
-            .map_err(|errs| {
-                let msgs: Vec<String> = errs
-                    .into_iter()
-                    .flat_map(|(_, es)| es)
-                    .map(|(name, undef)| {
-                        format!(
-                            "undefined {} `{name}` at {}",
-                            undef.as_str(),
-                            at(code, name)
-                        )
-                    })
-                    .collect();
-                msgs.join("; ")
-            })?;
+        let filter = compile_filter(code, &VARS)?;
+        let builtin = |text: &str| compile_filter(text, &[]).ok();
         Ok(Jq {
             filter,
+            direct: Direct::compile(code, &builtin),
+            unsure: AtomicU32::new(0),
             envelope,
             limits,
             pp: Default::default(),
             uses: VARS.map(|var| mentions(code, var)),
+        })
+    }
+
+    /// Whether the program runs without jaq's interpreter (see [`direct`]).
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    /// The direct program's outputs for `value`; else the value back for jaq to run, or
+    /// `None` when the direct program consumed it and left this record to jaq (the value is
+    /// parsed again: passed on, not shared, the direct program's updates need not copy it).
+    fn run_direct(&self, value: Val) -> Result<Vec<Val>, Option<Val>> {
+        let Some(direct) = &self.direct else {
+            return Err(Some(value));
+        };
+        if self.unsure.load(Ordering::Relaxed) >= GIVE_UP_AFTER {
+            return Err(Some(value));
+        }
+        match direct.run(value) {
+            Ok(outs) => {
+                self.unsure.store(0, Ordering::Relaxed);
+                Ok(outs)
+            }
+            Err(Stop::Error) => Err(None),
+            Err(Stop::Unsure) => {
+                self.unsure.fetch_add(1, Ordering::Relaxed);
+                Err(None)
+            }
+        }
+    }
+
+    /// `input`'s value as jaq's (a tombstone is `null` to the program).
+    fn value(input: &InputRecord<'_>) -> Result<Val, TransformError> {
+        match input.value {
+            None => Ok(Val::Null),
+            Some(bytes) => parse_json(bytes),
+        }
+    }
+
+    /// `input`'s value for jaq: run directly if the program allows, else parsed.
+    fn direct_or_value(
+        &self,
+        input: &InputRecord<'_>,
+    ) -> Result<Result<Vec<Val>, Val>, TransformError> {
+        Ok(match self.run_direct(Self::value(input)?) {
+            Ok(outs) => Ok(outs),
+            Err(Some(value)) => Err(value),
+            Err(None) => Err(Self::value(input)?),
         })
     }
 
@@ -92,9 +130,9 @@ impl Jq {
     /// The JSON text of the program's first output for `input`, if it yields one (the
     /// dedup's key and time expressions).
     pub fn first_json(&self, input: &InputRecord<'_>) -> Result<Option<Vec<u8>>, TransformError> {
-        let value = match input.value {
-            None => Val::Null,
-            Some(bytes) => parse_json(bytes)?,
+        let value = match self.direct_or_value(input)? {
+            Ok(outs) => return Ok(outs.first().map(|v| self.to_json(v))),
+            Err(value) => value,
         };
         let vars = Vars::new(variables(input, &self.uses, None));
         let ctx = Ctx::<JustLut<Val>>::new(&self.filter.lut, vars);
@@ -114,15 +152,24 @@ impl Jq {
         input: &InputRecord<'a>,
         window: Option<&str>,
     ) -> Result<Vec<OutputRecord<'a>>, TransformError> {
-        let value = match input.value {
-            // A tombstone is `null` to the program.
-            None => Val::Null,
-            Some(bytes) => parse_json(bytes)?,
+        let value = match self.direct_or_value(input)? {
+            Ok(outs) => return self.outputs(input, outs.into_iter().map(Ok)),
+            Err(value) => value,
         };
         let vars = Vars::new(variables(input, &self.uses, window));
         let ctx = Ctx::<JustLut<Val>>::new(&self.filter.lut, vars);
+        let results = self.filter.id.run((ctx, value)).map(unwrap_valr);
+        self.outputs(input, results.map(|r| r.map_err(|e| e.to_string())))
+    }
+
+    /// The records of a run's values, checked against the limits.
+    fn outputs<'a>(
+        &self,
+        input: &InputRecord<'a>,
+        results: impl Iterator<Item = Result<Val, String>>,
+    ) -> Result<Vec<OutputRecord<'a>>, TransformError> {
         let mut outputs = Vec::new();
-        for result in self.filter.id.run((ctx, value)).map(unwrap_valr) {
+        for result in results {
             if outputs.len() == self.limits.max_outputs {
                 return Err(TransformError::new(
                     Reason::TooManyOutputs,
@@ -132,7 +179,7 @@ impl Jq {
                     ),
                 ));
             }
-            let v = result.map_err(|e| TransformError::new(Reason::JqError, e.to_string()))?;
+            let v = result.map_err(|e| TransformError::new(Reason::JqError, e))?;
             let out = if self.envelope {
                 self.open_envelope(input, v)?
             } else {
@@ -244,6 +291,41 @@ impl Transform for Jq {
     fn apply<'a>(&mut self, input: &InputRecord<'a>) -> Result<Vec<OutputRecord<'a>>, Failure> {
         Ok(Jq::apply(self, input)?)
     }
+}
+
+/// Records in a row the direct program may leave undecided before jaq runs them all.
+const GIVE_UP_AFTER: u32 = 64;
+
+/// `code` compiled with jaq's core, standard and JSON definitions, `vars` its global variables.
+fn compile_filter(code: &str, vars: &[&str]) -> Result<jaq_core::Filter<JustLut<Val>>, String> {
+    let defs = jaq_core::defs()
+        .chain(jaq_std::defs())
+        .chain(jaq_json::defs());
+    let funs = jaq_core::funs()
+        .chain(jaq_std::funs())
+        .chain(jaq_json::funs());
+    let arena = Arena::default();
+    let modules = Loader::new(defs)
+        .load(&arena, File { code, path: () })
+        .map_err(|errs| describe_load_errors(code, errs))?;
+    Compiler::default()
+        .with_funs(funs)
+        .with_global_vars(vars.iter().copied())
+        .compile(modules)
+        .map_err(|errs| {
+            let msgs: Vec<String> = errs
+                .into_iter()
+                .flat_map(|(_, es)| es)
+                .map(|(name, undef)| {
+                    format!(
+                        "undefined {} `{name}` at {}",
+                        undef.as_str(),
+                        at(code, name)
+                    )
+                })
+                .collect();
+            msgs.join("; ")
+        })
 }
 
 /// The values of [`VARS`] for one record; `null` for those the program does not name.
