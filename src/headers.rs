@@ -29,12 +29,19 @@ pub const ERROR_BROKER: &str = crate::transform::Refuser::Broker.header();
 /// (`CHECK_VIOLATION`, `UNIQUE_VIOLATION`, …).
 pub const ERROR_DATABASE: &str = crate::transform::Refuser::Database.header();
 
-/// The lineage value of output `index` of `input`.
+/// The lineage value of output `index` of `input` (written without `fmt`: it is on every
+/// output's path).
 pub fn lineage(input: &InputRecord<'_>, index: usize) -> String {
-    format!(
-        "{}/{}/{}/{}",
-        input.topic, input.partition, input.offset, index
-    )
+    let mut n = itoa::Buffer::new();
+    let mut s = String::with_capacity(input.topic.len() + 32);
+    s.push_str(input.topic);
+    s.push('/');
+    s.push_str(n.format(input.partition));
+    s.push('/');
+    s.push_str(n.format(input.offset));
+    s.push('/');
+    s.push_str(n.format(index));
+    s
 }
 
 /// Parses a lineage value back into (topic, partition, offset, index).
@@ -60,10 +67,7 @@ pub fn output(
         OutputHeaders::Set(set) => set_only(set),
     };
     if let Some(l) = lineage {
-        h = h.insert(Header {
-            key: LINEAGE,
-            value: Some(l),
-        });
+        h = raw_headers::add(h, LINEAGE.as_bytes(), Some(l.as_bytes()));
     }
     h
 }

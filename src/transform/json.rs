@@ -1,7 +1,9 @@
 //! JSON in and out of the jq transform: the reader, which refuses nesting deep enough to
 //! overflow the stack before it parses, and a compact writer.
 
-use jaq_json::Val;
+use std::io::Write as _;
+
+use jaq_json::{Num, Val};
 
 use super::{Reason, TransformError};
 
@@ -51,8 +53,8 @@ fn nesting_exceeds(bytes: &[u8], limit: usize) -> bool {
 
 /// Compact JSON, byte for byte what `jaq_json::write::write` writes with the default printer,
 /// without its per-token `fmt` calls and dynamic dispatch (the largest cost of an identity
-/// program in the profile; see BENCHMARKS.md). Numbers and byte strings still go through
-/// jaq's own writer.
+/// program in the profile; see BENCHMARKS.md). Byte strings and big integers still go
+/// through jaq's own writer.
 pub(super) fn write_compact(buf: &mut Vec<u8>, pp: &jaq_json::write::Pp, v: &Val) {
     match v {
         Val::Null => buf.extend_from_slice(b"null"),
@@ -81,9 +83,27 @@ pub(super) fn write_compact(buf: &mut Vec<u8>, pp: &jaq_json::write::Pp, v: &Val
             }
             buf.push(b'}');
         }
+        Val::Num(n) => write_num(buf, n),
         // Writing to a Vec cannot fail.
-        Val::Num(_) | Val::BStr(_) => {
+        Val::BStr(_) => {
             let _ = jaq_json::write::write(buf, pp, 0, v);
+        }
+    }
+}
+
+/// A number as jaq's `Display` writes it (`Infinity` and `NaN` too), without going through
+/// `fmt` for the kinds records carry: integers by `itoa`, floats by `ryu` as jaq does, decimals
+/// as they were read.
+fn write_num(buf: &mut Vec<u8>, n: &Num) {
+    match n {
+        Num::Int(i) => buf.extend_from_slice(itoa::Buffer::new().format(*i).as_bytes()),
+        Num::Dec(d) => buf.extend_from_slice(d.as_bytes()),
+        Num::Float(f) if f.is_finite() => {
+            buf.extend_from_slice(ryu::Buffer::new().format_finite(*f).as_bytes())
+        }
+        // Writing to a Vec cannot fail.
+        _ => {
+            let _ = write!(buf, "{n}");
         }
     }
 }
@@ -156,6 +176,12 @@ mod tests {
             Val::from(f64::INFINITY),
             Val::from(-1.5e-300),
             Val::from(isize::MIN),
+            Val::from(f64::NEG_INFINITY),
+            Val::from(1764460800.123),
+            Val::from(0.1 + 0.2),
+            Val::from(1e21),
+            Val::from(123456789.0),
+            Val::from(-0.0),
         ] {
             let mut mine = Vec::new();
             write_compact(&mut mine, &Default::default(), &v);
