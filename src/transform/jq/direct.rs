@@ -89,7 +89,9 @@ const NOT_DIRECT: &[&str] = &[
     "input",
     "inputs",
     "debug",
+    "debug_empty",
     "stderr",
+    "stderr_empty",
     "halt",
     "halt_error",
     "input_filename",
@@ -318,14 +320,22 @@ fn eval(n: &Node, v: Val) -> Out {
             Some(x) => return eval(r, x),
             None => return Ok(None),
         },
+        // jaq runs the right side once per output of the left: not at all after none (so an
+        // error there is never raised).
         Node::Math(l, op, r) => {
-            let (Some(x), Some(y)) = (eval(l, v.clone())?, eval(r, v)?) else {
+            let Some(x) = eval(l, v.clone())? else {
+                return Ok(None);
+            };
+            let Some(y) = eval(r, v)? else {
                 return Ok(None);
             };
             op.run(x, y).map_err(|_| Stop::Error)?
         }
         Node::Cmp(l, op, r) => {
-            let (Some(x), Some(y)) = (eval(l, v.clone())?, eval(r, v)?) else {
+            let Some(x) = eval(l, v.clone())? else {
+                return Ok(None);
+            };
+            let Some(y) = eval(r, v)? else {
                 return Ok(None);
             };
             Val::Bool(op.run(&x, &y))
@@ -368,8 +378,12 @@ fn eval(n: &Node, v: Val) -> Out {
         },
         Node::Obj(entries) => {
             let mut pairs = Vec::with_capacity(entries.len());
+            // Entry by entry, key before value, as jaq's `{k: v} + …` runs them.
             for (k, x) in entries {
-                let (Some(k), Some(x)) = (eval(k, v.clone())?, eval(x, v.clone())?) else {
+                let Some(k) = eval(k, v.clone())? else {
+                    return Ok(None);
+                };
+                let Some(x) = eval(x, v.clone())? else {
                     return Ok(None);
                 };
                 if !matches!(k, Val::TStr(_)) {
@@ -591,6 +605,13 @@ mod tests {
         "input",
         "range(3)",
         "{(.n): 1}",
+        // An empty left side: jaq never runs the right one (nor its error).
+        "try [empty + .a.b]",
+        "try (((.n | select(. > 0)) * .m.k) // 0)",
+        "try (.a |= (empty + .b.c))",
+        "try [{(empty): .a.b}]",
+        "try [(empty) == .a.b]",
+        "try [{a: empty, b: .a.b}]",
         ".s | \"\\(.)!\"",
         "@base64",
     ];
@@ -625,6 +646,7 @@ mod tests {
         r#""just a string""#,
         r#"{"n":9223372036854775807,"m":-1,"s":"A","ts":-1}"#,
         r#"{"drop":1,"a":2,"b":3,"n":0,"m":0}"#,
+        r#"{"a":1,"n":-1,"m":5}"#,
     ];
 
     #[test]
