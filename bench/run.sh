@@ -4,6 +4,9 @@
 #   bench/run.sh            full profile: 2,000,000 × ~100 B and 500,000 × ~1 KB drains,
 #                           latency at 25/50/75 % load (15 s warm-up, 60 s measured); ~40 min
 #   bench/run.sh smoke      the same steps on tiny inputs (CI runs it so the harness works)
+#   bench/run.sh focus      the full drains narrowed by BENCH_SIZES (100 1000), BENCH_TRANSFORMS
+#                           (passthrough jq) and BENCH_SYSTEMS (those below), no ceiling and no
+#                           latency: one row of the targets, for a change's note (no report)
 #
 # Systems: Kafka's own perf tools (ceiling), exactly --guarantee at-least-once, exactly
 # exactly-once at commit intervals 10/100/1000 ms, Kafka Streams (bench/peers/kstreams) with
@@ -20,7 +23,9 @@ case "$profile" in
     small=2000000 large=500000 warmup=15 measure=60 intervals="10 100 1000" loads="25 50 75" ;;
   smoke)
     small=20000 large=5000 warmup=2 measure=4 intervals="100" loads="50" ;;
-  *) echo "usage: bench/run.sh [full|smoke]" >&2; exit 2 ;;
+  focus)
+    small=2000000 large=500000 warmup=15 measure=60 intervals="10 100 1000" loads="" ;;
+  *) echo "usage: bench/run.sh [full|smoke|focus]" >&2; exit 2 ;;
 esac
 partitions=6
 # Identical producer settings for every system under test.
@@ -118,9 +123,14 @@ stop_system() {
 drain_systems="exactly-alo"
 for i in $intervals; do drain_systems+=" exactly-eos-$i"; done
 drain_systems+=" kstreams-alo kstreams-eos-100 kstreams-eos-100-own"
+sizes="100 1000" transforms="passthrough jq"
+if [ "$profile" = focus ]; then
+  sizes=${BENCH_SIZES:-$sizes} transforms=${BENCH_TRANSFORMS:-$transforms}
+  drain_systems=${BENCH_SYSTEMS:-$drain_systems}
+fi
 run_id=0
 
-for size in 100 1000; do
+for size in $sizes; do
   count=$small
   if [ "$size" = 1000 ]; then count=$large; fi
   input="in-$size"
@@ -129,6 +139,7 @@ for size in 100 1000; do
   preload=$("${loadgen[@]}" preload --topic "$input" --count "$count" --size "$size")
   record preload loadgen "$size" none "$preload"
 
+  if [ "$profile" != focus ]; then
   log "ceiling: Kafka's producer and consumer perf tools"
   perf_topic="perf-$size"
   topic "$perf_topic" "$partitions"
@@ -143,8 +154,9 @@ for size in 100 1000; do
   rps=$(awk -F', *' '{print $6}' <<<"$c")
   record ceiling kafka-consumer-perf "$size" none "{\"records_per_second\":${rps:-0}}"
   drop_topic "$perf_topic"
+  fi
 
-  for transform in passthrough jq; do
+  for transform in $transforms; do
     for system in $drain_systems; do
       run_id=$((run_id + 1))
       output="out-$run_id" group="bench-$run_id"
@@ -195,4 +207,5 @@ for load in $loads; do
 done
 
 log "results in $out"
+if [ "$profile" = focus ]; then exit 0; fi
 python3 bench/report.py --check "$out"
