@@ -32,6 +32,9 @@ impl Backoff {
         Backoff::new(0, Duration::from_millis(50), Duration::from_millis(250));
     /// A new consumer joining after the last one was finished (fenced): 1 s doubling to 10 s.
     pub const CONSUMER: Backoff = Backoff::new(0, Duration::from_secs(1), Duration::from_secs(10));
+    /// The audit reading a watermark again while a partition's leader moves: every 300 ms.
+    pub const LEADER_MOVES: Backoff =
+        Backoff::new(0, Duration::from_millis(300), Duration::from_millis(300));
     /// Connecting the sink at start-up: every 500 ms until --startup-timeout.
     pub const STARTUP: Backoff =
         Backoff::new(0, Duration::from_millis(500), Duration::from_millis(500));

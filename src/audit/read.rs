@@ -48,8 +48,8 @@ fn client(plan: &Plan, isolation: Isolation) -> Result<AuditConsumer, Error> {
 }
 
 /// Calls `f` again while its error says a partition's leadership is moving (right after a
-/// broker restart the client's metadata names the old leader for a moment): ten tries, 300 ms
-/// apart; any other error at once.
+/// broker restart the client's metadata names the old leader for a moment): ten tries,
+/// [`crate::backoff::Backoff::LEADER_MOVES`] apart; any other error at once.
 fn leader_moves<T>(mut f: impl FnMut() -> KafkaResult<T>) -> KafkaResult<T> {
     let mut tries = 0;
     loop {
@@ -67,7 +67,7 @@ fn leader_moves<T>(mut f: impl FnMut() -> KafkaResult<T>) -> KafkaResult<T> {
                     ) =>
             {
                 tries += 1;
-                std::thread::sleep(std::time::Duration::from_millis(300));
+                std::thread::sleep(crate::backoff::Backoff::LEADER_MOVES.after(tries));
             }
             result => return result,
         }

@@ -83,12 +83,15 @@ impl Jq {
         let Some(direct) = &self.direct else {
             return Err(Some(value));
         };
-        if self.unsure.load(Ordering::Relaxed) >= GIVE_UP_AFTER {
+        let unsure = self.unsure.load(Ordering::Relaxed);
+        if unsure >= GIVE_UP_AFTER {
             return Err(Some(value));
         }
         match direct.run(value) {
             Ok(outs) => {
-                self.unsure.store(0, Ordering::Relaxed);
+                if unsure > 0 {
+                    self.unsure.store(0, Ordering::Relaxed);
+                }
                 Ok(outs)
             }
             Err(Stop::Error) => Err(None),
