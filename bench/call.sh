@@ -5,6 +5,8 @@
 #
 #   bench/call.sh [BINARY] [records]      (defaults: target/release/exactly, 1,000,000)
 #
+# CALL_DELAYS (0 1 10) and CALL_BATCHES (100 500 2000) narrow the grid (a change's note).
+#
 # Prints a Markdown table: records/s from the first commit to the end of the input (steady),
 # CPU s per million records and peak RSS of exactly, and the calls it made. Keeps the results in
 # bench/results/call.jsonl and draws bench/results/call.png (when matplotlib is there).
@@ -25,12 +27,12 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); pr
 echo "| application delay per call | --call-batch-records | records/s | CPU s per million | peak RSS MB | calls |"
 echo "|---|---|---|---|---|---|"
 run=0
-for delay in 0 1 10; do
+for delay in ${CALL_DELAYS:-0 1 10}; do
   "${loadgen[@]}" serve --delay-ms "$delay" >"$EXACTLY_KAFKA_DIR/serve.json" &
   app=$!
   until [ -s "$EXACTLY_KAFKA_DIR/serve.json" ]; do sleep 0.1; done
   app_port=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["port"])' "$EXACTLY_KAFKA_DIR/serve.json")
-  for batch in 100 500 2000; do
+  for batch in ${CALL_BATCHES:-100 500 2000}; do
     run=$((run + 1))
     topic "out-$run"
     "$bin" run --bootstrap-servers "$bootstrap" --input-topics in --output-topic "out-$run" \

@@ -6,6 +6,9 @@
 #
 #   bench/instructions.sh RECORDS BINARY...
 #
+# With CALL_DELAY_MS set, the records go through the call-out (bench/call.sh's application,
+# answering after that many ms, 500 records a call).
+#
 # Then e.g. callgrind_annotate --inclusive=yes /tmp/exactly-instructions-1.out | head -40
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -17,14 +20,23 @@ shift
 source bench/lib.sh
 topic in
 "${loadgen[@]}" preload --topic in --count "$count" --size 100 >/dev/null
+call=()
+if [ -n "${CALL_DELAY_MS:-}" ]; then
+  "${loadgen[@]}" serve --delay-ms "$CALL_DELAY_MS" >"$EXACTLY_KAFKA_DIR/serve.json" &
+  app=$!
+  until [ -s "$EXACTLY_KAFKA_DIR/serve.json" ]; do sleep 0.1; done
+  app_port=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["port"])' "$EXACTLY_KAFKA_DIR/serve.json")
+  call=(--call-url "http://127.0.0.1:$app_port/" --call-batch-records 500)
+fi
 run=0
 for bin in "$@"; do
   run=$((run + 1))
   topic "out-$run"
-  valgrind --tool=callgrind --callgrind-out-file=/tmp/exactly-instructions-$run.out "$bin" run --bootstrap-servers "$bootstrap" --input-topics in --output-topic "out-$run" --group-id "c-$run" --instance-id "c-$run" --on-error skip --log-level warn --http-addr off 2>/tmp/exactly-instructions-$run.log &
+  valgrind --tool=callgrind --callgrind-out-file=/tmp/exactly-instructions-$run.out "$bin" run --bootstrap-servers "$bootstrap" --input-topics in --output-topic "out-$run" --group-id "c-$run" --instance-id "c-$run" --on-error skip --log-level warn --http-addr off "${call[@]}" 2>/tmp/exactly-instructions-$run.log &
   pid=$!
   "${loadgen[@]}" drain --topic in --group "c-$run" --pid "$pid" >/dev/null
   kill -TERM "$pid"
-  wait || true
+  wait "$pid" || true
   echo "$bin: $(grep -h 'Collected' /tmp/exactly-instructions-$run.log | tail -1)"
 done
+if [ -n "${CALL_DELAY_MS:-}" ]; then kill "$app" 2>/dev/null || true; fi
