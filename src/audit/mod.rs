@@ -399,7 +399,7 @@ impl Replay {
                     Some(answer) => call::outputs(input, answer, limits),
                     None => Err(Failure::Unavailable(format!(
                         "no answer for {}",
-                        call::lineage(input)
+                        crate::headers::record_lineage(input)
                     ))),
                 }
             }

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
 use super::{
@@ -49,6 +49,7 @@ use super::{
 };
 use crate::config::CallSpec;
 use crate::error::Error;
+use crate::headers;
 
 /// The application, as the loop calls it: one batch of records a call, answered later.
 pub trait Application: Send {
@@ -198,8 +199,7 @@ impl Http {
 impl Application for Http {
     /// POSTs `records` as one batch; the answer is decoded on the runtime.
     fn submit(&self, records: &[InputRecord<'_>], timeout: Duration) -> InFlight {
-        let body = request(records);
-        let lineages: Vec<String> = records.iter().map(lineage).collect();
+        let (body, lineages) = request(records);
         let (tx, call) = InFlight::channel();
         let sent = call.sent;
         let post = self
@@ -265,100 +265,116 @@ pub fn outputs<'a>(
     Ok(out)
 }
 
-/// A record's identity in the request: `topic/partition/offset`.
-pub fn lineage(input: &InputRecord<'_>) -> String {
-    format!("{}/{}/{}", input.topic, input.partition, input.offset)
+/// The request body for `records`, and each record's lineage (`topic/partition/offset`, its
+/// identity in the request and the answer), in order.
+pub fn request(records: &[InputRecord<'_>]) -> (Vec<u8>, Vec<String>) {
+    let lineages: Vec<String> = records.iter().map(headers::record_lineage).collect();
+    // Sized for the whole body (base64 takes 4/3; each record's names and numbers ~200 B, a
+    // header's ~50 B), so a batch is written without growing and copying it.
+    let size: usize = records
+        .iter()
+        .map(|r| {
+            let headers: usize = r
+                .headers
+                .iter()
+                .map(|(n, v)| n.len() + v.map_or(0, <[u8]>::len) + 50)
+                .sum();
+            (r.key.map_or(0, <[u8]>::len) + r.value.map_or(0, <[u8]>::len) + headers) * 4 / 3
+                + r.topic.len() * 2
+                + 200
+        })
+        .sum();
+    let mut body = Vec::with_capacity(size + 16);
+    body.extend_from_slice(b"{\"records\":[");
+    for (i, (input, lineage)) in records.iter().zip(&lineages).enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        write_record(&mut body, input, lineage);
+    }
+    body.extend_from_slice(b"]}");
+    (body, lineages)
 }
 
-/// The request body for `records`.
-pub fn request(records: &[InputRecord<'_>]) -> Vec<u8> {
-    let records: Vec<Record<'_>> = records.iter().map(Record::of).collect();
-    // Serialising borrowed strings, numbers and raw JSON cannot fail.
-    serde_json::to_vec(&Request { records }).unwrap_or_default()
-}
-
-#[derive(Serialize)]
-struct Request<'a> {
-    records: Vec<Record<'a>>,
-}
-
-#[derive(Serialize)]
-struct Record<'a> {
-    lineage: String,
-    topic: &'a str,
-    partition: i32,
-    offset: i64,
-    timestamp: Option<i64>,
-    key: Option<Cow<'a, str>>,
-    key_encoding: Option<&'static str>,
-    headers: Vec<Header<'a>>,
-    value: Option<Value<'a>>,
-    value_encoding: &'static str,
-}
-
-#[derive(Serialize)]
-struct Header<'a> {
-    name: Cow<'a, str>,
-    value: Option<Cow<'a, str>>,
-    encoding: &'static str,
-}
-
-#[derive(Serialize)]
-#[serde(untagged)]
-enum Value<'a> {
-    Json(&'a RawValue),
-    Base64(String),
-}
-
-impl<'a> Record<'a> {
-    fn of(input: &InputRecord<'a>) -> Record<'a> {
-        let (key, key_encoding) = match input.key.map(text) {
-            None => (None, None),
-            Some((k, e)) => (Some(k), Some(e)),
-        };
-        let (value, value_encoding) = match input.value {
-            None => (None, "null"),
-            Some(v) => match serde_json::from_slice::<&RawValue>(v) {
-                Ok(raw) => (Some(Value::Json(raw)), "json"),
-                Err(_) => (Some(Value::Base64(BASE64.encode(v))), "base64"),
-            },
-        };
-        let headers = input
-            .headers
-            .iter()
-            .map(|&(name, value)| {
-                match (std::str::from_utf8(name), value.map(std::str::from_utf8)) {
-                    (Ok(n), None) => Header {
-                        name: Cow::Borrowed(n),
-                        value: None,
-                        encoding: "utf8",
-                    },
-                    (Ok(n), Some(Ok(v))) => Header {
-                        name: Cow::Borrowed(n),
-                        value: Some(Cow::Borrowed(v)),
-                        encoding: "utf8",
-                    },
-                    _ => Header {
-                        name: Cow::Owned(BASE64.encode(name)),
-                        value: value.map(|v| Cow::Owned(BASE64.encode(v))),
-                        encoding: "base64",
-                    },
-                }
-            })
-            .collect();
-        Record {
-            lineage: lineage(input),
-            topic: input.topic,
-            partition: input.partition,
-            offset: input.offset,
-            timestamp: input.timestamp,
-            key,
-            key_encoding,
-            headers,
-            value,
-            value_encoding,
+/// One record of the request, written straight into `body`: the field names are constants,
+/// every string goes through serde_json's own escaping, a JSON value is copied as it came.
+fn write_record(body: &mut Vec<u8>, input: &InputRecord<'_>, lineage: &str) {
+    let mut n = itoa::Buffer::new();
+    body.extend_from_slice(b"{\"lineage\":");
+    string(body, lineage);
+    body.extend_from_slice(b",\"topic\":");
+    string(body, input.topic);
+    body.extend_from_slice(b",\"partition\":");
+    body.extend_from_slice(n.format(input.partition).as_bytes());
+    body.extend_from_slice(b",\"offset\":");
+    body.extend_from_slice(n.format(input.offset).as_bytes());
+    body.extend_from_slice(b",\"timestamp\":");
+    match input.timestamp {
+        Some(t) => body.extend_from_slice(n.format(t).as_bytes()),
+        None => body.extend_from_slice(b"null"),
+    }
+    match input.key.map(text) {
+        None => body.extend_from_slice(b",\"key\":null,\"key_encoding\":null"),
+        Some((k, encoding)) => {
+            body.extend_from_slice(b",\"key\":");
+            string(body, &k);
+            body.extend_from_slice(b",\"key_encoding\":");
+            string(body, encoding);
         }
     }
+    body.extend_from_slice(b",\"headers\":[");
+    for (i, &(name, value)) in input.headers.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        let (name, value, encoding) =
+            match (std::str::from_utf8(name), value.map(std::str::from_utf8)) {
+                (Ok(n), None) => (Cow::Borrowed(n), None, "utf8"),
+                (Ok(n), Some(Ok(v))) => (Cow::Borrowed(n), Some(Cow::Borrowed(v)), "utf8"),
+                _ => (
+                    Cow::Owned(BASE64.encode(name)),
+                    value.map(|v| Cow::Owned(BASE64.encode(v))),
+                    "base64",
+                ),
+            };
+        body.extend_from_slice(b"{\"name\":");
+        string(body, &name);
+        body.extend_from_slice(b",\"value\":");
+        match value {
+            Some(v) => string(body, &v),
+            None => body.extend_from_slice(b"null"),
+        }
+        body.extend_from_slice(b",\"encoding\":");
+        string(body, encoding);
+        body.push(b'}');
+    }
+    body.extend_from_slice(b"],\"value\":");
+    let encoding = match input.value {
+        None => {
+            body.extend_from_slice(b"null");
+            "null"
+        }
+        Some(v) => match serde_json::from_slice::<&RawValue>(v) {
+            Ok(raw) => {
+                body.extend_from_slice(raw.get().as_bytes());
+                "json"
+            }
+            Err(_) => {
+                body.push(b'"');
+                body.extend_from_slice(BASE64.encode(v).as_bytes());
+                body.push(b'"');
+                "base64"
+            }
+        },
+    };
+    body.extend_from_slice(b",\"value_encoding\":");
+    string(body, encoding);
+    body.push(b'}');
+}
+
+/// `s` as a JSON string (serde_json's escaping; writing into a Vec cannot fail).
+fn string(body: &mut Vec<u8>, s: &str) {
+    let _ = serde_json::to_writer(&mut *body, s);
 }
 
 /// Bytes as text when they are UTF-8, else base64; with the encoding's name.
@@ -602,8 +618,30 @@ mod tests {
     }
 
     #[test]
+    fn request_text_is_escaped_and_a_missing_timestamp_is_null() {
+        let record = InputRecord {
+            timestamp: None,
+            headers: vec![(b"a\"b", Some(b"c\nd\\")), (b"e", None)],
+            ..input(Some(b" [1, \"\\u00e9\"] "), Some(b"k\"\n\x01"))
+        };
+        let (body, _) = request(&[record]);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let r = &v["records"][0];
+        assert_eq!(r["key"], "k\"\n\u{1}");
+        assert_eq!(r["timestamp"], serde_json::Value::Null);
+        assert_eq!(
+            r["headers"],
+            serde_json::json!([
+                {"name": "a\"b", "value": "c\nd\\", "encoding": "utf8"},
+                {"name": "e", "value": null, "encoding": "utf8"},
+            ])
+        );
+        assert_eq!(r["value"], serde_json::json!([1, "\u{e9}"]));
+    }
+
+    #[test]
     fn request_is_json_when_it_parses_and_base64_otherwise() {
-        let body = request(&[
+        let (body, lineages) = request(&[
             input(Some(br#"{"a": [1, 2.50]}"#), Some(b"k")),
             input(Some(b"\x00\xffnot json"), Some(b"\xfe")),
             input(None, None),
@@ -614,6 +652,8 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         let r = &v["records"];
         assert_eq!(r[0]["lineage"], "in/2/7");
+        assert_eq!(lineages[0], "in/2/7");
+        assert_eq!(lineages.len(), 3);
         assert_eq!(r[0]["value_encoding"], "json");
         assert_eq!(
             (r[0]["key"].as_str(), r[0]["key_encoding"].as_str()),
@@ -822,7 +862,7 @@ mod tests {
 
     #[test]
     fn what_exactly_sends_is_a_request_of_the_schema() {
-        let body = request(&[
+        let (body, _) = request(&[
             input(Some(br#"{"a": 1}"#), Some(b"k")),
             input(Some(b"\x00\xffnot json"), Some(b"\xfe")),
             input(None, None),
