@@ -417,7 +417,7 @@ fn chain(e: &dyn std::error::Error) -> String {
 
 /// Decodes a response body: one answer per record of the request, in order.
 pub fn decode(body: &[u8], lineages: &[String]) -> Result<Vec<Answer>, String> {
-    let resp: Response = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    let resp: Response<'_> = serde_json::from_slice(body).map_err(|e| e.to_string())?;
     if resp.results.len() != lineages.len() {
         return Err(format!(
             "{} results for {} records",
@@ -461,17 +461,19 @@ pub fn decode(body: &[u8], lineages: &[String]) -> Result<Vec<Answer>, String> {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Response {
-    results: Vec<ResultJson>,
+struct Response<'a> {
+    #[serde(borrow)]
+    results: Vec<ResultJson<'a>>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ResultJson {
+struct ResultJson<'a> {
     #[serde(default)]
     lineage: Option<String>,
     #[serde(default)]
-    outputs: Option<Vec<OutputJson>>,
+    #[serde(borrow)]
+    outputs: Option<Vec<OutputJson<'a>>>,
     /// Present (null included) or absent: a null rejection is a mistake, not zero outputs.
     #[serde(default, deserialize_with = "present")]
     reject: Option<Option<String>>,
@@ -479,10 +481,11 @@ struct ResultJson {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct OutputJson {
-    /// Present (null included) or absent: `Option<Box<RawValue>>` alone reads null as absent.
-    #[serde(default, deserialize_with = "present")]
-    value: Option<Box<RawValue>>,
+struct OutputJson<'a> {
+    /// Present (null included) or absent: `Option<&RawValue>` alone reads null as absent.
+    /// Borrowed from the body: the value is copied once, into the output.
+    #[serde(default, borrow, deserialize_with = "present")]
+    value: Option<&'a RawValue>,
     #[serde(default)]
     value_base64: Option<String>,
     #[serde(default, deserialize_with = "present")]
@@ -555,7 +558,7 @@ fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Optio
     T::deserialize(d).map(Some)
 }
 
-impl OutputJson {
+impl OutputJson<'_> {
     fn decode(self) -> Result<Output, String> {
         let value = match (self.value, self.value_base64) {
             (Some(_), Some(_)) => return Err("an output has both value and value_base64".into()),
