@@ -22,10 +22,7 @@ topic in
 "${loadgen[@]}" preload --topic in --count "$count" --size 100 >/dev/null
 call=()
 if [ -n "${CALL_DELAY_MS:-}" ]; then
-  "${loadgen[@]}" serve --delay-ms "$CALL_DELAY_MS" >"$EXACTLY_KAFKA_DIR/serve.json" &
-  app=$!
-  until [ -s "$EXACTLY_KAFKA_DIR/serve.json" ]; do sleep 0.1; done
-  app_port=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["port"])' "$EXACTLY_KAFKA_DIR/serve.json")
+  start_app "$CALL_DELAY_MS"
   call=(--call-url "http://127.0.0.1:$app_port/" --call-batch-records 500)
 fi
 run=0
@@ -39,4 +36,3 @@ for bin in "$@"; do
   wait "$pid" || true
   echo "$bin: $(grep -h 'Collected' /tmp/exactly-instructions-$run.log | tail -1)"
 done
-if [ -n "${CALL_DELAY_MS:-}" ]; then kill "$app" 2>/dev/null || true; fi

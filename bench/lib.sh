@@ -1,12 +1,14 @@
 # Shared by bench/compare.sh, bench/sweep.sh and bench/latency.sh (sourced from the repo root,
 # with $repo set): a fresh broker of the benchmark's own, stopped on exit; $bootstrap; the
-# loadgen command in $loadgen; topic NAME (6 partitions); and the jq enrichment of bench/run.sh.
+# loadgen command in $loadgen; topic NAME (6 partitions); start_app DELAY_MS (the call-out's
+# application, stopped on exit: $app, $app_port); and the jq enrichment of bench/run.sh.
 jq_program='.dt = (.ts / 1000 | todate) | .hr = (.ts / 3600000 | floor % 24) | del(.drop)'
 
 export EXACTLY_KAFKA_DIR="$repo/.kafka-bench"
 scripts/kafka.sh reset >/dev/null 2>&1 || true
 scripts/kafka.sh start >&2
-trap 'scripts/kafka.sh stop >&2 || true' EXIT
+app=
+trap '[ -z "$app" ] || kill "$app" 2>/dev/null || true; scripts/kafka.sh stop >&2 || true' EXIT
 bootstrap=$(scripts/kafka.sh bootstrap)
 cargo build -q --release -p loadgen
 loadgen=("$repo/target/release/loadgen" --bootstrap "$bootstrap")
@@ -14,4 +16,18 @@ loadgen=("$repo/target/release/loadgen" --bootstrap "$bootstrap")
 topic() {
   scripts/kafka.sh tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$bootstrap" \
     --create --topic "$1" --partitions 6 --replication-factor 1 >/dev/null
+}
+
+# The call-out's application (`loadgen serve`, a passthrough answering after DELAY_MS): one at a
+# time, replacing the one before; its pid in $app, its port in $app_port.
+start_app() {
+  if [ -n "$app" ]; then kill "$app" 2>/dev/null || true; wait "$app" 2>/dev/null || true; fi
+  rm -f "$EXACTLY_KAFKA_DIR/serve.json"
+  "${loadgen[@]}" serve --delay-ms "$1" >"$EXACTLY_KAFKA_DIR/serve.json" &
+  app=$!
+  until [ -s "$EXACTLY_KAFKA_DIR/serve.json" ]; do
+    kill -0 "$app" 2>/dev/null || { echo "bench: loadgen serve did not start" >&2; exit 1; }
+    sleep 0.1
+  done
+  app_port=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["port"])' "$EXACTLY_KAFKA_DIR/serve.json")
 }

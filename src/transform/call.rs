@@ -621,6 +621,28 @@ mod tests {
     }
 
     #[test]
+    fn the_request_is_these_bytes() {
+        // The wire format pinned: field order, nulls, raw JSON as it came.
+        let (body, _) = request(&[input(Some(br#"{"a": 1}"#), Some(b"k")), input(None, None)]);
+        let headers = r#""headers":[{"name":"h","value":"v","encoding":"utf8"},{"name":"/w==","value":null,"encoding":"base64"}]"#;
+        let record = |rest: &str| {
+            format!(
+                r#"{{"lineage":"in/2/7","topic":"in","partition":2,"offset":7,"timestamp":1700000000000,{rest}}}"#
+            )
+        };
+        let expected = format!(
+            r#"{{"records":[{},{}]}}"#,
+            record(&format!(
+                r#""key":"k","key_encoding":"utf8",{headers},"value":{{"a": 1}},"value_encoding":"json""#
+            )),
+            record(&format!(
+                r#""key":null,"key_encoding":null,{headers},"value":null,"value_encoding":"null""#
+            )),
+        );
+        assert_eq!(String::from_utf8(body).unwrap(), expected);
+    }
+
+    #[test]
     fn request_text_is_escaped_and_a_missing_timestamp_is_null() {
         let record = InputRecord {
             timestamp: None,
