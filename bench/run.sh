@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The benchmark, side by side on one broker in one run (see bench/README.md):
 #
-#   bench/run.sh            full profile: 2,000,000 × ~100 B and 500,000 × ~1 KB drains,
-#                           latency at 25/50/75 % load (15 s warm-up, 60 s measured); ~40 min
+#   bench/run.sh            full profile: 5,000,000 × ~100 B and 1,000,000 × ~1 KB drains (long
+#                           enough that the JVM peer is warm), the call-out (1 ms application,
+#                           500 a call), 6 against 1,000 partitions (2,000,000 × ~100 B each),
+#                           latency at 25/50/75 % load (15 s warm-up, 60 s measured); ~80 min
 #   bench/run.sh smoke      the same steps on tiny inputs (CI runs it so the harness works)
 #   bench/run.sh focus      the full drains narrowed by BENCH_SIZES (100 1000), BENCH_TRANSFORMS
 #                           (passthrough jq) and BENCH_SYSTEMS (those below), no ceiling and no
@@ -20,11 +22,11 @@ repo=$PWD
 profile=${1:-full}
 case "$profile" in
   full)
-    small=2000000 large=500000 warmup=15 measure=60 intervals="10 100 1000" loads="25 50 75" ;;
+    small=5000000 large=1000000 spread=2000000 warmup=15 measure=60 intervals="10 100 1000" loads="25 50 75" ;;
   smoke)
-    small=20000 large=5000 warmup=2 measure=4 intervals="100" loads="50" ;;
+    small=20000 large=5000 spread=20000 warmup=2 measure=4 intervals="100" loads="50" ;;
   focus)
-    small=2000000 large=500000 warmup=15 measure=60 intervals="10 100 1000" loads="" ;;
+    small=2000000 large=500000 spread=0 warmup=15 measure=60 intervals="10 100 1000" loads="" ;;
   *) echo "usage: bench/run.sh [full|smoke|focus]" >&2; exit 2 ;;
 esac
 partitions=6
@@ -42,7 +44,10 @@ log() { echo "bench: $*" >&2; }
 export EXACTLY_KAFKA_DIR="$repo/.kafka-bench"
 scripts/kafka.sh reset >/dev/null 2>&1 || true
 scripts/kafka.sh start
-stop() { scripts/kafka.sh stop || true; }
+stop() {
+  [ -z "${app:-}" ] || kill "$app" 2>/dev/null || true
+  scripts/kafka.sh stop || true
+}
 trap stop EXIT
 bootstrap=$(scripts/kafka.sh bootstrap)
 
@@ -53,6 +58,9 @@ exactly_bin="$repo/target/release/exactly"
 loadgen=("$repo/target/release/loadgen" --bootstrap "$bootstrap")
 peer_cp="$repo/bench/peers/kstreams/target/classes:$repo/bench/peers/kstreams/target/lib/*"
 
+# shellcheck source=bench/app.sh
+source bench/app.sh
+app=
 kafka_tool() { scripts/kafka.sh tool "$@"; }
 topic() { # name partitions
   kafka_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$bootstrap" --create \
@@ -85,7 +93,7 @@ PY
 start_system() { # system transform input output group
   local system=$1 transform=$2 input=$3 output=$4 group=$5
   case "$system" in
-    exactly-alo|exactly-eos-*)
+    exactly-alo|exactly-eos-*|exactly-call)
       local args=(run --bootstrap-servers "$bootstrap" --input-topics "$input" --output-topic "$output"
         --group-id "$group" --instance-id "$group" --on-error skip --log-level warn
         --http-addr "127.0.0.1:$metrics_port"
@@ -93,6 +101,9 @@ start_system() { # system transform input output group
         --producer-config "compression.type=$BENCH_COMPRESSION")
       if [ "$system" = exactly-alo ]; then
         args+=(--guarantee at-least-once --commit-interval 100ms)
+      elif [ "$system" = exactly-call ]; then
+        # The call-out: every record through an application answering each call after 1 ms.
+        args+=(--commit-interval 100ms --call-url "http://127.0.0.1:$app_port/" --call-batch-records 500)
       else
         args+=(--commit-interval "${system#exactly-eos-}ms")
       fi
@@ -122,7 +133,7 @@ stop_system() {
 
 drain_systems="exactly-alo"
 for i in $intervals; do drain_systems+=" exactly-eos-$i"; done
-drain_systems+=" kstreams-alo kstreams-eos-100 kstreams-eos-100-own"
+drain_systems+=" kstreams-alo kstreams-eos-100 kstreams-eos-100-own exactly-call"
 sizes="100 1000" transforms="passthrough jq"
 if [ "$profile" = focus ]; then
   sizes=${BENCH_SIZES:-$sizes} transforms=${BENCH_TRANSFORMS:-$transforms}
@@ -158,6 +169,11 @@ for size in $sizes; do
 
   for transform in $transforms; do
     for system in $drain_systems; do
+      if [ "$system" = exactly-call ]; then
+        # The call-out's row: ~100 B passthrough only.
+        [ "$size/$transform" = 100/passthrough ] || continue
+        [ -n "$app" ] || start_app 1
+      fi
       run_id=$((run_id + 1))
       output="out-$run_id" group="bench-$run_id"
       topic "$output" "$partitions"
@@ -173,6 +189,27 @@ for size in $sizes; do
   done
   drop_topic "$input"
 done
+
+# Scale in partitions: the same ~100 B passthrough, exactly-once at 100 ms, from 6 and from 1,000
+# partitions (input and output alike), the same number of records each.
+if [ "$spread" -gt 0 ]; then
+  for parts in 6 1000; do
+    run_id=$((run_id + 1))
+    input="spread-in-$parts" output="spread-out-$parts" group="bench-$run_id"
+    topic "$input" "$parts"
+    topic "$output" "$parts"
+    log "partitions: $parts, preloading $spread records of ~100 B"
+    "${loadgen[@]}" preload --topic "$input" --count "$spread" --size 100 >/dev/null
+    start_system exactly-eos-100 passthrough "$input" "$output" "$group"
+    result=$("${loadgen[@]}" drain --topic "$input" --group "$group" --pid "$pid")
+    stop_system
+    result=$(python3 -c 'import json, sys; r = json.loads(sys.argv[1]); r["partitions"] = int(sys.argv[2]); print(json.dumps(r))' "$result" "$parts")
+    record partitions exactly-eos-100 100 passthrough "$result"
+    log "  $(cut -c1-200 <<<"$result")"
+    drop_topic "$input"
+    drop_topic "$output"
+  done
+fi
 
 # Latency at fractions of at-least-once's passthrough maximum at ~100 B.
 max=$(python3 -c '
