@@ -32,22 +32,9 @@ pub const ERROR_DATABASE: &str = crate::transform::Refuser::Database.header();
 /// The lineage value of output `index` of `input` (written without `fmt`: it is on every
 /// output's path).
 pub fn lineage(input: &InputRecord<'_>, index: usize) -> String {
-    let mut s = record_lineage(input);
+    let mut s = input.lineage();
     s.push('/');
     s.push_str(itoa::Buffer::new().format(index));
-    s
-}
-
-/// `input`'s own identity, `topic/partition/offset`: its outputs' lineages without the index
-/// (the call-out's `lineage`).
-pub fn record_lineage(input: &InputRecord<'_>) -> String {
-    let mut n = itoa::Buffer::new();
-    let mut s = String::with_capacity(input.topic.len() + 32);
-    s.push_str(input.topic);
-    s.push('/');
-    s.push_str(n.format(input.partition));
-    s.push('/');
-    s.push_str(n.format(input.offset));
     s
 }
 

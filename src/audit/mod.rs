@@ -399,7 +399,7 @@ impl Replay {
                     Some(answer) => call::outputs(input, answer, limits),
                     None => Err(Failure::Unavailable(format!(
                         "no answer for {}",
-                        headers::record_lineage(input)
+                        input.lineage()
                     ))),
                 }
             }

@@ -49,7 +49,6 @@ use super::{
 };
 use crate::config::CallSpec;
 use crate::error::Error;
-use crate::headers;
 
 /// The application, as the loop calls it: one batch of records a call, answered later.
 pub trait Application: Send {
@@ -268,7 +267,7 @@ pub fn outputs<'a>(
 /// The request body for `records`, and each record's lineage (`topic/partition/offset`, its
 /// identity in the request and the answer), in order.
 pub fn request(records: &[InputRecord<'_>]) -> (Vec<u8>, Vec<String>) {
-    let lineages: Vec<String> = records.iter().map(headers::record_lineage).collect();
+    let lineages: Vec<String> = records.iter().map(InputRecord::lineage).collect();
     // Sized for the whole body (base64 takes 4/3; each record's names and numbers ~200 B, a
     // header's ~50 B), so a batch is written without growing and copying it.
     let size: usize = records

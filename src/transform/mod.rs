@@ -154,6 +154,21 @@ pub struct InputRecord<'a> {
     pub headers: Vec<crate::kafka::raw_headers::Header<'a>>,
 }
 
+impl InputRecord<'_> {
+    /// Its identity, `topic/partition/offset`: its outputs' lineages without the index (the
+    /// call-out's `lineage`). Written without `fmt`: it is on every record's path.
+    pub fn lineage(&self) -> String {
+        let mut n = itoa::Buffer::new();
+        let mut s = String::with_capacity(self.topic.len() + 32);
+        s.push_str(self.topic);
+        s.push('/');
+        s.push_str(n.format(self.partition));
+        s.push('/');
+        s.push_str(n.format(self.offset));
+        s
+    }
+}
+
 /// A record copied out of the consumer's buffer: what the loop stages while the call-out's
 /// batch is out, and what the audit reads (`audit::Rec`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
