@@ -1,6 +1,6 @@
 # Shared by bench/compare.sh, bench/sweep.sh and bench/latency.sh (sourced from the repo root,
 # with $repo set): a fresh broker of the benchmark's own, stopped on exit; $bootstrap; the
-# loadgen command in $loadgen; topic NAME (6 partitions); start_app DELAY_MS (the call-out's
+# loadgen command in $loadgen; topic NAME (6 partitions, or $SWEEP_PARTITIONS); start_app DELAY_MS (the call-out's
 # application, stopped on exit: $app, $app_port); and the jq enrichment of bench/run.sh.
 jq_program='.dt = (.ts / 1000 | todate) | .hr = (.ts / 3600000 | floor % 24) | del(.drop)'
 
@@ -15,7 +15,7 @@ loadgen=("$repo/target/release/loadgen" --bootstrap "$bootstrap")
 
 topic() {
   scripts/kafka.sh tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$bootstrap" \
-    --create --topic "$1" --partitions 6 --replication-factor 1 >/dev/null
+    --create --topic "$1" --partitions "${SWEEP_PARTITIONS:-6}" --replication-factor 1 >/dev/null
 }
 
 # shellcheck source=bench/app.sh

@@ -4,7 +4,7 @@
 # 100 ms commits) once per setting below, and the table gives steady records/s, CPU s per
 # million records and peak RSS for each.
 #
-#   [SWEEP_SIZE=bytes] bench/sweep.sh [BINARY] [records] [transform]   (defaults: ~100 B,
+#   [SWEEP_SIZE=bytes] [SWEEP_PARTITIONS=n] bench/sweep.sh [BINARY] [records] [transform]   (defaults: ~100 B,
 #                                                     target/release/exactly,
 #                                                     1,000,000, passthrough; or jq)
 #

@@ -392,6 +392,7 @@ impl Settings {
                 interval,
             } => {
                 defaults.push(("client.id", self.client_id.clone()));
+                defaults.extend(PIPELINE_PRODUCE.map(|(k, v)| (k, v.to_string())));
                 let propagation = (self.route_wait(timeout, interval) / 2).min(PROPAGATION);
                 defaults.push((PROPAGATION_KEY, propagation.as_millis().to_string()));
                 fixed.extend(idempotent());
@@ -403,6 +404,7 @@ impl Settings {
             }
             Role::Idempotent => {
                 defaults.push(("client.id", self.client_id.clone()));
+                defaults.extend(PIPELINE_PRODUCE.map(|(k, v)| (k, v.to_string())));
                 fixed.extend(idempotent());
                 &self.producer
             }
@@ -490,6 +492,14 @@ const PIPELINE_FETCH: [(&str, &str); 2] = [
     ("fetch.queue.backoff.ms", "5"),
     ("queued.max.messages.kbytes", "1024"),
 ];
+
+/// The pipeline producers' queue default, chosen by `bench/sweep.sh` (BENCHMARKS.md,
+/// "Defaults"). A record sent is copied and held, with its lineage header, until its delivery
+/// report: librdkafka bounds that only by `queue.buffering.max.messages` (100,000 by default),
+/// which on 5M ~100 B records peaked at 67–83 MB RSS. At 25,000 the peak was 54–61 MB, as fast
+/// on ~100 B, ~1 KB, jq and 1,000 partitions. A full queue makes the send wait on deliveries
+/// (the sink polls and retries), never drops a record. A user's `--producer-config` overrides it.
+const PIPELINE_PRODUCE: [(&str, &str); 1] = [("queue.buffering.max.messages", "25000")];
 
 /// librdkafka's `session.timeout.ms` default.
 const SESSION_TIMEOUT_MS: u128 = 45_000;
@@ -886,6 +896,20 @@ mod tests {
         assert_eq!(cc.get("queued.max.messages.kbytes"), Some("4096"));
         let pc = s.to_rdkafka(Role::Idempotent);
         assert_eq!(pc.get("linger.ms"), Some("50"));
+        // The producer's queue default, on both pipeline producers, and the user's value wins.
+        assert_eq!(pc.get("queue.buffering.max.messages"), Some("25000"));
+        assert_eq!(
+            s.to_rdkafka(transactional(60, 1))
+                .get("queue.buffering.max.messages"),
+            Some("25000")
+        );
+        let roomy = settings(&[], &[("queue.buffering.max.messages", "100000")]);
+        assert_eq!(
+            roomy
+                .to_rdkafka(transactional(60, 1))
+                .get("queue.buffering.max.messages"),
+            Some("100000")
+        );
         // Producer keys stay off consumers and the other way round.
         assert_eq!(cc.get("linger.ms"), None);
         assert_eq!(pc.get("auto.offset.reset"), None);
