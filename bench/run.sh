@@ -4,7 +4,7 @@
 #   bench/run.sh            full profile: 5,000,000 × ~100 B and 1,000,000 × ~1 KB drains (long
 #                           enough that the JVM peer is warm), the call-out (1 ms application,
 #                           500 a call), 6 against 1,000 partitions (2,000,000 × ~100 B each),
-#                           latency at 25/50/75 % load (15 s warm-up, 60 s measured); ~80 min
+#                           latency at 25/50/75 % load (15 s warm-up, 60 s measured); ~40 min
 #   bench/run.sh smoke      the same steps on tiny inputs (CI runs it so the harness works)
 #   bench/run.sh focus      the full drains narrowed by BENCH_SIZES (100 1000), BENCH_TRANSFORMS
 #                           (passthrough jq) and BENCH_SYSTEMS (those below), no ceiling and no
