@@ -4,9 +4,9 @@
 # 100 ms commits) once per setting below, and the table gives steady records/s, CPU s per
 # million records and peak RSS for each.
 #
-#   [SWEEP_SIZE=bytes] [SWEEP_PARTITIONS=n] bench/sweep.sh [BINARY] [records] [transform]   (defaults: ~100 B,
-#                                                     target/release/exactly,
-#                                                     1,000,000, passthrough; or jq)
+#   [SWEEP_SIZE=bytes] [SWEEP_PARTITIONS=n] bench/sweep.sh [BINARY] [records] [transform]
+#
+# Defaults: ~100 B, 6 partitions, target/release/exactly, 1,000,000 records, passthrough (or jq).
 #
 # Each row is the settings it adds to the binary's own defaults, as --consumer-config (c:) and
 # --producer-config (p:) pairs; `shipped` adds nothing.
@@ -20,7 +20,7 @@ size=${SWEEP_SIZE:-100}
 
 rows=(
   "shipped|"
-  "librdkafka defaults|c:fetch.queue.backoff.ms=1000 c:queued.min.messages=100000 c:queued.max.messages.kbytes=65536 c:fetch.max.bytes=52428800 p:queue.buffering.max.kbytes=1048576 p:linger.ms=5 p:batch.size=1000000"
+  "librdkafka defaults|c:fetch.queue.backoff.ms=1000 c:queued.min.messages=100000 c:queued.max.messages.kbytes=65536 c:fetch.max.bytes=52428800 p:queue.buffering.max.kbytes=1048576 p:queue.buffering.max.messages=100000 p:linger.ms=5 p:batch.size=1000000"
   "backoff 5 ms|c:fetch.queue.backoff.ms=5"
   "backoff 5 ms, queue 16 MB|c:fetch.queue.backoff.ms=5 c:queued.max.messages.kbytes=16384"
   "backoff 5 ms, queue 4 MB|c:fetch.queue.backoff.ms=5 c:queued.max.messages.kbytes=4096"

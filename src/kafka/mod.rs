@@ -493,12 +493,13 @@ const PIPELINE_FETCH: [(&str, &str); 2] = [
     ("queued.max.messages.kbytes", "1024"),
 ];
 
-/// The pipeline producers' queue default, chosen by `bench/sweep.sh` (BENCHMARKS.md,
-/// "Defaults"). A record sent is copied and held, with its lineage header, until its delivery
-/// report: librdkafka bounds that only by `queue.buffering.max.messages` (100,000 by default),
-/// which on 5M ~100 B records peaked at 67–83 MB RSS. At 25,000 the peak was 54–61 MB, as fast
-/// on ~100 B, ~1 KB, jq and 1,000 partitions. A full queue makes the send wait on deliveries
-/// (the sink polls and retries), never drops a record. A user's `--producer-config` overrides it.
+/// The queue default of exactly's producers (the pipeline's sinks and `exactly state`), chosen
+/// by `bench/sweep.sh` (BENCHMARKS.md, "Defaults"). A record sent is copied and held, with its
+/// lineage header, until its delivery report. On small records, in practice only
+/// `queue.buffering.max.messages` (100,000 by default) bounds that. On 5M ~100 B records the
+/// peak RSS was 56–83 MB at 100,000 and mostly 54–61 MB at 25,000, with the same throughput on
+/// ~100 B, ~1 KB, jq and 1,000 partitions. A full queue makes the send wait on deliveries (the
+/// sink polls and sends again); it never drops a record. `--producer-config` overrides it.
 const PIPELINE_PRODUCE: [(&str, &str); 1] = [("queue.buffering.max.messages", "25000")];
 
 /// librdkafka's `session.timeout.ms` default.
@@ -912,6 +913,7 @@ mod tests {
         );
         // Producer keys stay off consumers and the other way round.
         assert_eq!(cc.get("linger.ms"), None);
+        assert_eq!(cc.get("queue.buffering.max.messages"), None);
         assert_eq!(pc.get("auto.offset.reset"), None);
     }
 
