@@ -737,7 +737,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 #[test]
 fn kill_9_repeatedly() {
     let _s = serial();
-    let mut run = Run::new("f-kill", 1, &["--static-membership"]);
+    let mut run = Run::new("f-kill", 1, &[]);
     for _ in 0..run.profile.kills {
         if !run.after_more_progress(0.05) {
             break;
@@ -944,7 +944,7 @@ fn storm() {
     let p = profile();
     // More input, so that every kind of fault lands while it flows: the zombie and the broker
     // restart alone take about 25 s (5× in the reduced profile: 100 s of input; 3× in full).
-    let extra = ["--test-abort-probability", "0.33", "--static-membership"];
+    let extra = ["--test-abort-probability", "0.33"];
     let scale = if p.name == "full" { 3 } else { 5 };
     let mut run = Run::scaled("f-storm", 3, &extra, scale, (true, Stage::None));
     let mut rng = rand::rng();
@@ -1169,13 +1169,7 @@ fn cluster_transaction_coordinator_killed() {
     let cluster = Cluster::required();
     let p = profile();
     let scale = Run::scale_for(Duration::from_secs(60));
-    let mut run = Run::scaled(
-        "c-txn",
-        1,
-        &["--static-membership"],
-        scale,
-        (false, Stage::None),
-    );
+    let mut run = Run::scaled("c-txn", 1, &[], scale, (false, Stage::None));
     let txn = run.transactional_id(0);
     run.wait_progress(run.total() / 20, Duration::from_secs(120));
     // The formula the scenarios find coordinators by agrees with Kafka's own tool.
@@ -1414,13 +1408,7 @@ fn cluster_min_insync_not_met() {
     let cluster = Cluster::required();
     let outage = Duration::from_secs(20);
     let scale = Run::scale_for(outage + Duration::from_secs(60));
-    let mut run = Run::scaled(
-        "c-minisr",
-        1,
-        &["--static-membership"],
-        scale,
-        (false, Stage::None),
-    );
+    let mut run = Run::scaled("c-minisr", 1, &[], scale, (false, Stage::None));
     run.wait_progress(run.total() / 5, Duration::from_secs(120));
     let mut nodes = [1, 2, 3];
     nodes.shuffle(&mut rand::rng());

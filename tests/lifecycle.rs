@@ -113,6 +113,61 @@ fn two_instances_share_partitions_and_survive_losing_one() {
     );
 }
 
+/// One of two instances stopped for good (a scale-down), with the shipped defaults and
+/// librdkafka's 45 s session: the survivor owns every partition within seconds. A static
+/// member (the classic protocol's default) sends no LeaveGroup when it closes (KIP-345);
+/// exactly unsubscribes first so that it leaves all the same.
+#[test]
+fn a_stopped_instance_hands_its_partitions_over_at_once() {
+    let topics = Topics::create("down", 6, 3);
+    let group = unique("down-g");
+    let args = |instance| {
+        let mut args = without_quick_session(base_args(&topics, &group, instance));
+        args.extend(["--jq", DOUBLE].map(String::from));
+        args
+    };
+    let mut a = Exactly::start(&args("down-a"));
+    a.wait_log("a owns partitions", Duration::from_secs(60), |e| {
+        e.owned().is_some_and(|o| count_partitions(&o) == 6)
+    });
+    let mut b = Exactly::start(&args("down-b"));
+    b.wait_log("b owns partitions", Duration::from_secs(60), |e| {
+        e.owned().is_some_and(|o| count_partitions(&o) > 0)
+    });
+    a.wait_log("a gave some up", Duration::from_secs(60), |e| {
+        e.owned().is_some_and(|o| count_partitions(&o) < 6)
+    });
+    produce(&topics.input, &numbered(20_000, 6));
+    wait_committed_at_least(&group, &topics.input, 1, Duration::from_secs(120));
+
+    let stopped = Instant::now();
+    b.signal(Signal::SIGTERM);
+    assert_eq!(
+        b.wait(Duration::from_secs(20)).code(),
+        Some(0),
+        "{}",
+        b.log_text()
+    );
+    a.wait_log("a owns everything", Duration::from_secs(90), |e| {
+        e.owned().is_some_and(|o| count_partitions(&o) == 6)
+    });
+    let took_over = stopped.elapsed();
+    wait_all_committed(&group, &topics.input, Duration::from_secs(180));
+    a.signal(Signal::SIGTERM);
+    assert_eq!(a.wait(Duration::from_secs(15)).code(), Some(0));
+
+    let outputs = read_all(&topics.output, "read_committed");
+    let n = assert_exactly_once(&outputs, &expected_outputs(&topics.input, doubled));
+    eprintln!(
+        "scale-down: b stopped (SIGTERM); a owned all 6 after {took_over:?}; {n} outputs \
+         exactly once (duplicates found: 0)"
+    );
+    assert!(
+        took_over <= Duration::from_secs(5),
+        "a owned b's partitions {took_over:?} after b's SIGTERM: b did not leave the group"
+    );
+}
+
 #[test]
 fn a_fenced_static_consumer_is_replaced_and_nothing_is_lost() {
     let topics = Topics::create("fence", 3, 3);
@@ -122,7 +177,8 @@ fn a_fenced_static_consumer_is_replaced_and_nothing_is_lost() {
         [
             "--jq",
             DOUBLE,
-            "--static-membership",
+            "--membership",
+            "static",
             "--transaction-timeout",
             "10s",
         ]

@@ -139,7 +139,6 @@ fn args(
             file.path(),
             "--jq",
             DOUBLE,
-            "--static-membership",
             "--startup-timeout",
             "30s",
         ]

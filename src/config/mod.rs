@@ -81,7 +81,7 @@ const CONSUMER_OWNED: &[(&str, &str)] = &[
     ("group.protocol", "--group-protocol"),
     (
         "group.instance.id",
-        "--static-membership with --instance-id",
+        "--instance-id (--membership dynamic leaves it unset)",
     ),
     (
         "enable.auto.commit",

@@ -64,9 +64,21 @@ pub struct RunArgs {
     #[arg(long, env = "EXACTLY_TRANSACTIONAL_ID", value_name = "ID")]
     pub transactional_id: Option<String>,
 
-    /// Join the group as a static member (group.instance.id = the instance id), so a quick
-    /// restart gets its partitions back without a rebalance.
-    #[arg(long, env = "EXACTLY_STATIC_MEMBERSHIP")]
+    /// Group membership: static (group.instance.id = the instance id: an instance restarted
+    /// after a crash gets its partitions back at once, without a rebalance), dynamic (it waits
+    /// for its old member's session timeout), or auto: static with the classic protocol,
+    /// dynamic with the consumer protocol, where librdkafka's static member gains nothing after
+    /// a crash. README, "Failover".
+    #[arg(long, env = "EXACTLY_MEMBERSHIP", value_enum, default_value_t = Membership::Auto)]
+    pub membership: Membership,
+
+    /// The same as --membership static (before it became the default).
+    #[arg(
+        long,
+        env = "EXACTLY_STATIC_MEMBERSHIP",
+        hide = true,
+        conflicts_with = "membership"
+    )]
     pub static_membership: bool,
 
     /// The consumer group protocol: classic, or consumer (KIP-848: the group coordinator
@@ -216,6 +228,31 @@ pub struct RunArgs {
     pub test_restore_pace: Option<Duration>,
 }
 
+/// How the pipeline's consumer is a member of its group (`--membership`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Membership {
+    /// Static with the classic protocol, dynamic with the consumer protocol.
+    Auto,
+    /// `group.instance.id` = the instance id.
+    Static,
+    /// No `group.instance.id`.
+    Dynamic,
+}
+
+impl Membership {
+    /// Whether the consumer joins as a static member under `protocol`. Under KIP-848,
+    /// librdkafka 2.12's static member leaves with epoch -2, which keeps its partitions and
+    /// refuses its own restart (UNRELEASED_INSTANCE_ID) until the broker's session timeout:
+    /// slower than a dynamic member after a crash, and after a stop for good.
+    pub fn is_static(self, protocol: GroupProtocol) -> bool {
+        match self {
+            Membership::Auto => protocol == GroupProtocol::Classic,
+            Membership::Static => true,
+            Membership::Dynamic => false,
+        }
+    }
+}
+
 /// The delivery guarantee.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Guarantee {
@@ -283,7 +320,7 @@ pub struct GroupConfig {
     pub group_id: String,
     /// Stable instance identity.
     pub instance_id: String,
-    /// Join as a static member.
+    /// Join as a static member (`--membership`, resolved for the protocol).
     pub static_membership: bool,
     /// `group.protocol`.
     pub protocol: GroupProtocol,
@@ -566,7 +603,8 @@ impl RunArgs {
             input,
             group_id: self.group_id.clone(),
             instance_id,
-            static_membership: self.static_membership,
+            static_membership: self.static_membership
+                || self.membership.is_static(self.group_protocol),
             protocol: self.group_protocol,
         })
     }
@@ -1153,9 +1191,30 @@ mod tests {
 
     #[test]
     fn transactional_id_override() {
-        let c = parse(&["--transactional-id", "fixed", "--static-membership"]).unwrap();
+        let c = parse(&["--transactional-id", "fixed"]).unwrap();
         assert_eq!(c.sink.transactional_id, "fixed");
-        assert!(c.group.static_membership);
+    }
+
+    #[test]
+    fn membership_is_static_by_default_with_the_classic_protocol_only() {
+        let static_with = |args: &[&str]| parse(args).unwrap().group.static_membership;
+        assert!(static_with(&[]));
+        assert!(!static_with(&["--group-protocol", "consumer"]));
+        assert!(!static_with(&["--membership", "dynamic"]));
+        assert!(static_with(&[
+            "--membership",
+            "static",
+            "--group-protocol",
+            "consumer"
+        ]));
+        // The flag from before static became the default still means static.
+        assert!(static_with(&[
+            "--static-membership",
+            "--group-protocol",
+            "consumer"
+        ]));
+        let e = parse(&["--static-membership", "--membership", "dynamic"]).unwrap_err();
+        assert!(e.contains("--membership"), "{e}");
     }
 
     #[test]

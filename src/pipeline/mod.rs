@@ -38,7 +38,7 @@ use crate::backoff::Backoff;
 use crate::config::{Config, Input, OnError};
 use crate::error::{Action, Error, Facts, KafkaCall, classify};
 use crate::health::Health;
-use crate::kafka::{Role, raw_headers};
+use crate::kafka::{GroupProtocol, Role, member, raw_headers};
 use crate::lag::Positions;
 use crate::metrics::Metrics;
 use crate::sink::{self, Driver};
@@ -115,6 +115,8 @@ pub fn run(
     info!(
         transactional_id = %config.sink.transactional_id,
         group = %config.group.group_id,
+        instance_id = %config.group.instance_id,
+        static_membership = config.group.static_membership,
         output = %config.sink.output_topic,
         "exactly running"
     );
@@ -139,7 +141,9 @@ pub fn run(
             Err(Interrupt::Fail(e)) => Err(e),
             Ok(()) => Ok(()),
         };
-        return stop(consumer, result, config.shutdown_grace);
+        let leave =
+            config.group.static_membership && config.group.protocol == GroupProtocol::Classic;
+        return stop(consumer, result, config.shutdown_grace, leave);
     }
 }
 
@@ -160,11 +164,13 @@ fn replace(consumer: PipelineConsumer, why: &str, replacements: u32) {
 }
 
 /// The loop ended with `result`: commit what is open (or abandon it on an error), then leave
-/// the group, all within `grace`.
+/// the group, all within `grace`. A classic static member (`leave_static`) leaves only after a
+/// clean stop: after an error its restart should find its place kept.
 fn stop(
     consumer: PipelineConsumer,
     result: Result<(), Error>,
     grace: Duration,
+    leave_static: bool,
 ) -> Result<(), Error> {
     // Everything after the signal must fit in the grace, with a margin for the exit.
     let close_by = Instant::now() + grace.saturating_sub(MAX_POLL * 5);
@@ -174,6 +180,8 @@ fn stop(
     });
     if result.is_err() {
         consumer.context().session().abandon();
+    } else if leave_static {
+        leave_group(&consumer, close_by);
     }
     close_bounded(consumer, close_by);
     info!("exactly stopped");
@@ -210,6 +218,23 @@ fn run_loop(
         next = session.turn(record.as_ref(), consumer)?;
     }
     Ok(())
+}
+
+/// Makes a classic static member leave its group, as a dynamic one does when it closes, so its
+/// partitions move at once instead of after its session timeout: on close, a static member
+/// sends no LeaveGroup (KIP-345), but after an unsubscribe it does. The revoke callback finds
+/// nothing open (the session finished); librdkafka clears the member id when the LeaveGroup
+/// goes out, and the close that follows waits for its answer.
+fn leave_group(consumer: &PipelineConsumer, deadline: Instant) {
+    consumer.unsubscribe();
+    let left = || member::of(consumer.client()).is_none_or(|m| m.id.is_empty());
+    while !left() && Instant::now() < deadline {
+        // Nothing polled now is processed: the subscription is gone and the session finished.
+        let _ = consumer.poll(MAX_POLL);
+    }
+    if !left() {
+        warn!("the consumer did not leave its group in time; the group will time it out");
+    }
 }
 
 /// Closes the consumer: it leaves the group (unless static), so its partitions move at once;

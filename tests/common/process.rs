@@ -62,6 +62,25 @@ pub fn base_args(topics: &Topics, group: &str, instance: &str) -> Vec<String> {
     .collect()
 }
 
+/// `args` without the quick classic session of [`base_args`]: librdkafka's default (45 s),
+/// which a restart must not wait for.
+pub fn without_quick_session(args: Vec<String>) -> Vec<String> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut args = args.into_iter().peekable();
+    while let Some(a) = args.next() {
+        if a == "--consumer-config"
+            && args
+                .peek()
+                .is_some_and(|v| v.starts_with("session.timeout.ms="))
+        {
+            args.next();
+            continue;
+        }
+        out.push(a);
+    }
+    out
+}
+
 /// The group protocol the tests run exactly with: `EXACTLY_TEST_GROUP_PROTOCOL`, classic by
 /// default.
 pub fn group_protocol() -> String {
