@@ -50,18 +50,23 @@ pub enum Error {
     /// [`crate::health::Health::watch`]): the process leaves so that its restart fences the
     /// stuck producer.
     #[error(
-        "{0}, far past its timeout: leaving, so that a restart fences the stuck producer, aborts its transaction and resumes from the last commit"
+        "{0}: leaving, so that a restart fences the stuck producer, aborts its transaction and resumes from the last commit"
     )]
     Stuck(String),
+    /// Another live process runs the same instance of the group (see
+    /// [`crate::pipeline::identity`]).
+    #[error("{0}")]
+    InstanceClash(String),
 }
 
 impl Error {
     /// `exactly run`'s exit code for it: 2 for a bad option or program, 4 for a stuck client
-    /// call, 1 for anything else.
+    /// call, 5 for a second process of one instance, 1 for anything else.
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Config(_) | Error::Jq(_) => 2,
             Error::Stuck(_) => 4,
+            Error::InstanceClash(_) => 5,
             _ => 1,
         }
     }

@@ -5,11 +5,19 @@
 //! thread whether the loop has been stuck longer than a bound, and in what. The watchdog logs
 //! it; the HTTP health endpoint (`/livez`) will answer from it.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use humantime::format_duration;
 use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+
+/// A librdkafka call this long is logged as waiting (and every [`AGAIN`] after).
+const NOTICE: Duration = Duration::from_secs(5);
+/// See [`NOTICE`].
+const AGAIN: Duration = Duration::from_secs(15);
 
 /// Shared between the loop (writer) and its watchers (readers).
 #[derive(Debug)]
@@ -107,12 +115,24 @@ impl Health {
     }
 
     fn stuck_in_call_at(&self, now: Instant, bound: Duration) -> Option<String> {
-        let (name, since, kafka) = (*self.call.lock().unwrap_or_else(|p| p.into_inner()))?;
-        if !kafka {
-            return None;
-        }
+        let (name, since) = self.kafka_call()?;
         let inside = now.saturating_duration_since(since);
-        (inside > bound).then(|| format!("the pipeline loop is stuck in {name} for {inside:.0?}"))
+        (inside > bound).then(|| {
+            format!(
+                "the pipeline loop is stuck in {name} for {inside:.0?}, waiting on {}, past \
+                 --stuck-call-timeout {}",
+                waits_on(name),
+                format_duration(bound)
+            )
+        })
+    }
+
+    /// The librdkafka call the loop is in, and since when.
+    fn kafka_call(&self) -> Option<(&'static str, Instant)> {
+        match *self.call.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some((name, since, true)) => Some((name, since)),
+            _ => None,
+        }
     }
 
     /// Logs when the loop stalls (`bound`) and when it recovers, until `stop` is cancelled;
@@ -125,18 +145,31 @@ impl Health {
     /// a restart of the process does, safely: the new producer's `init_transactions` fences
     /// the stuck one and aborts its transaction, and the group's offsets are where the last
     /// commit left them.
+    ///
+    /// While the loop waits inside a librdkafka call, `exactly_kafka_call_waiting_seconds` says
+    /// for how long, and a call past [`NOTICE`] is logged with what it waits on, and again
+    /// when it returns.
     pub async fn watch(
-        self: std::sync::Arc<Self>,
+        self: Arc<Self>,
         bound: Duration,
         leave_after: Duration,
+        metrics: Arc<Metrics>,
         stop: CancellationToken,
     ) -> Option<String> {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let mut stalled = false;
+        let mut notices = Notices::default();
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return None,
                 _ = tick.tick() => {}
+            }
+            let now = Instant::now();
+            let call = self.kafka_call();
+            let inside = call.map_or(Duration::ZERO, |(_, s)| now.saturating_duration_since(s));
+            metrics.kafka_call_waiting.set(inside.as_secs_f64());
+            for notice in notices.tick(now, call) {
+                notice.log(leave_after);
             }
             if let Some(what) = self.stuck_in_call(leave_after) {
                 return Some(what);
@@ -156,9 +189,146 @@ impl Health {
     }
 }
 
+/// What a librdkafka call waits on, for the operator reading why it takes long.
+fn waits_on(call: &str) -> &'static str {
+    match call {
+        "init_transactions" | "begin_transaction" | "commit_transaction" | "abort_transaction" => {
+            "the transaction coordinator"
+        }
+        // AddOffsetsToTxn to the transaction coordinator, then TxnOffsetCommit to the group's.
+        "send_offsets_to_transaction" => "the transaction coordinator, then the group coordinator",
+        "flush" => "the output partitions' leaders",
+        _ => "the brokers",
+    }
+}
+
+/// Something to tell about a librdkafka call that takes long.
+#[derive(Debug, PartialEq)]
+enum Notice {
+    /// Still inside `call`, for `inside`.
+    Waiting {
+        call: &'static str,
+        inside: Duration,
+    },
+    /// A call that was told about returned, after about `after`.
+    Returned { call: &'static str, after: Duration },
+}
+
+impl Notice {
+    fn log(&self, leave_after: Duration) {
+        match *self {
+            Notice::Waiting { call, inside } => tracing::warn!(
+                call,
+                waiting_on = waits_on(call),
+                inside_s = inside.as_secs(),
+                "waiting on {} in {call} for {}; exactly leaves at {} (--stuck-call-timeout)",
+                waits_on(call),
+                format_duration(Duration::from_secs(inside.as_secs())),
+                format_duration(leave_after)
+            ),
+            Notice::Returned { call, after } => tracing::info!(
+                call,
+                after_s = after.as_secs(),
+                "{call} returned after about {}",
+                format_duration(Duration::from_secs(after.as_secs()))
+            ),
+        }
+    }
+}
+
+/// Which long librdkafka calls were told about: each once it passes [`NOTICE`], again every
+/// [`AGAIN`], and once when it returns.
+#[derive(Debug, Default)]
+struct Notices {
+    /// The call told about (name, since) and when it was last told.
+    told: Option<(&'static str, Instant, Instant)>,
+}
+
+impl Notices {
+    /// What to tell at `now`, the loop being in `call` (name, since) or in none.
+    fn tick(&mut self, now: Instant, call: Option<(&'static str, Instant)>) -> Vec<Notice> {
+        let mut notices = Vec::new();
+        if let Some((name, since, _)) = self.told
+            && call != Some((name, since))
+        {
+            // It returned before the next call began (or before now).
+            let end = call.map_or(now, |(_, next)| next);
+            notices.push(Notice::Returned {
+                call: name,
+                after: end.saturating_duration_since(since),
+            });
+            self.told = None;
+        }
+        let Some((name, since)) = call else {
+            return notices;
+        };
+        let inside = now.saturating_duration_since(since);
+        let due = match self.told {
+            None => inside >= NOTICE,
+            Some((_, _, last)) => now.saturating_duration_since(last) >= AGAIN,
+        };
+        if due {
+            self.told = Some((name, since, now));
+            notices.push(Notice::Waiting { call: name, inside });
+        }
+        notices
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_call_is_told_at_5s_every_15s_after_and_when_it_returns() {
+        let mut n = Notices::default();
+        let t0 = Instant::now();
+        let s = |secs| t0 + Duration::from_secs(secs);
+        let call = Some(("send_offsets_to_transaction", t0));
+        let waiting = |secs| Notice::Waiting {
+            call: "send_offsets_to_transaction",
+            inside: Duration::from_secs(secs),
+        };
+        let told: Vec<Vec<Notice>> = (1..=36).map(|i| n.tick(s(i), call)).collect();
+        let at: Vec<u64> = (1..=36)
+            .filter(|i| !told[*i as usize - 1].is_empty())
+            .collect();
+        assert_eq!(at, [5, 20, 35]);
+        assert_eq!(told[4], [waiting(5)]);
+        assert_eq!(told[19], [waiting(20)]);
+        // It returned; the next call began at 37 s and is quick: one line, with its length.
+        let next = Some(("commit_transaction", s(37)));
+        assert_eq!(
+            n.tick(s(38), next),
+            [Notice::Returned {
+                call: "send_offsets_to_transaction",
+                after: Duration::from_secs(37)
+            }]
+        );
+        assert!(n.tick(s(39), next).is_empty());
+        assert!(n.tick(s(40), None).is_empty());
+        // A quick call is never told about; a retry of the same call is a new call.
+        let mut n = Notices::default();
+        assert!(n.tick(s(4), Some(("flush", t0))).is_empty());
+        assert!(n.tick(s(8), Some(("flush", s(5)))).is_empty());
+        assert_eq!(n.tick(s(10), Some(("flush", s(5)))).len(), 1);
+    }
+
+    #[test]
+    fn a_stuck_call_names_what_it_waits_on_and_the_bound() {
+        let h = Health::default();
+        let _g = h.in_kafka_call("send_offsets_to_transaction");
+        let bound = Duration::from_secs(36);
+        let s = h
+            .stuck_in_call_at(Instant::now() + Duration::from_secs(37), bound)
+            .unwrap();
+        assert!(
+            s.contains("stuck in send_offsets_to_transaction")
+                && s.contains("the group coordinator")
+                && s.contains("--stuck-call-timeout 36s"),
+            "{s}"
+        );
+    }
 
     #[test]
     fn a_fresh_beat_is_not_stalled() {

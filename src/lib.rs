@@ -13,7 +13,8 @@
 //! - [`config`]: the command line and `EXACTLY_…` environment, one file per subcommand,
 //!   validated before anything runs; `exactly run`'s [`config::Config`] comes in the parts each
 //!   piece is built from (group, sink, commit policy, error policy, test switches).
-//! - [`pipeline`]: the loop. A record is **read** by `poll` in `pipeline::run_loop` and handed
+//! - [`pipeline`]: the loop, and (`pipeline::identity`) the claim that keeps a second process
+//!   of one instance on a host from starting (exit code 5). A record is **read** by `poll` in `pipeline::run_loop` and handed
 //!   to the [`pipeline::Session`], the one owner of the loop's state, whose `turn` **applies**
 //!   it through the [`pipeline::Intake`] (the transform, or the call-out's stage, where records
 //!   wait for the application's answer), **writes** its outputs or DLQ copy through
@@ -165,6 +166,17 @@ async fn dedup_intake(
 /// The loop runs on a thread of its own, since librdkafka's calls block; the async side only
 /// watches it. Cancelling `shutdown` makes the loop commit what is open and leave the group.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
+    // Before any client: a second process of this instance would fence this one's (exit 5).
+    let _claim = if config.test.no_host_claim {
+        None
+    } else {
+        let (group, kafka) = (&config.group, &config.kafka);
+        pipeline::identity::claim_on_host(
+            &kafka.bootstrap_servers,
+            &group.group_id,
+            &group.instance_id,
+        )?
+    };
     // Compiled before any client exists: a bad program fails start-up with jaq's message.
     let runtime = tokio::runtime::Handle::current();
     let metrics = Arc::new(Metrics::new());
@@ -177,9 +189,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     let health = Arc::new(Health::default());
     let stop_watching = CancellationToken::new();
     let bound = config.loop_bound();
+    metrics
+        .stuck_call_timeout
+        .set(config.stuck_bound().as_secs_f64());
     let mut watchdog = tokio::spawn(health.clone().watch(
         bound,
         config.stuck_bound(),
+        metrics.clone(),
         stop_watching.clone(),
     ));
 

@@ -47,6 +47,11 @@ pub struct Metrics {
     pub producer_recreations: IntCounterVec,
     /// 1 when initialised and consuming.
     pub ready: IntGauge,
+    /// How long the loop has been inside the transactional librdkafka call it is in; 0
+    /// outside one.
+    pub kafka_call_waiting: Gauge,
+    /// `--stuck-call-timeout`: a librdkafka call inside that long ends the process (exit 4).
+    pub stuck_call_timeout: Gauge,
     /// Last stable offset minus the next offset to process, per owned partition.
     pub consumer_lag: IntGaugeVec,
     /// High watermark minus last stable offset, per owned partition.
@@ -247,6 +252,15 @@ impl Metrics {
                 &["reason"],
             ),
             ready: gauge("ready", "1 when initialised and consuming."),
+            kafka_call_waiting: float_gauge(
+                "kafka_call_waiting_seconds",
+                "How long the loop has been inside its current transactional librdkafka call; \
+                 0 outside one.",
+            ),
+            stuck_call_timeout: float_gauge(
+                "stuck_call_timeout_seconds",
+                "--stuck-call-timeout: past it inside one librdkafka call, exactly exits 4.",
+            ),
             consumer_lag: gauge_vec(
                 "consumer_lag_records",
                 "Last stable offset minus the next offset to process, per owned partition.",

@@ -16,7 +16,7 @@ use rdkafka::producer::{
 };
 use rdkafka::types::{RDKafkaApiKey as Api, RDKafkaRespErr as Err};
 
-use common::Exactly;
+use common::{Exactly, get, http_addr, metric};
 use nix::sys::signal::Signal;
 
 /// Collects delivery failures of the test's input writer.
@@ -415,8 +415,10 @@ fn a_timed_out_produce_request_means_a_new_producer_before_the_next_transaction(
 /// coordinator of the group on broker 2, down (and seen down by exactly) before the records
 /// come. librdkafka's `send_offsets_to_transaction` waits for it past its timeout (#5456: the
 /// coordinator request's timeout is never checked), so exactly leaves with exit code 4 once the
-/// call is past the transaction timeout + 30 s; a restart fences the stuck producer. Watched
-/// failing with the bound at 3,000 s: the call was still inside librdkafka 120 s later.
+/// call is past `--stuck-call-timeout` (12 s here; by default the transaction timeout + 30 s);
+/// a restart fences the stuck producer. While it waits, the log says on what and
+/// `exactly_kafka_call_waiting_seconds` for how long. Watched failing with the bound at
+/// 3,000 s: the call was still inside librdkafka 120 s later.
 ///
 /// The broker goes down before the records are written, and the test waits for exactly's
 /// client to see it: an earlier version stopped exactly with SIGSTOP around the broker's fall,
@@ -436,8 +438,10 @@ fn a_call_that_never_returns_ends_the_process_and_a_restart_resumes() {
         .coordinator(MockCoordinator::Transaction(transactional_id), 1)
         .unwrap();
     m.write(10);
-    let mut ex = m.start(&["--transaction-timeout", "6s"]);
+    let bound = ["--transaction-timeout", "6s", "--stuck-call-timeout", "12s"];
+    let mut ex = m.start(&bound);
     m.wait_all_committed(&ex, Duration::from_secs(60));
+    let addr = http_addr(&ex);
     m.cluster.broker_down(2).unwrap();
     // Idle, exactly's group coordinator connection sees the broker go. (The session timeout,
     // 45 s, keeps the assignment meanwhile; the inputs' leaders are on broker 1.)
@@ -451,18 +455,41 @@ fn a_call_that_never_returns_ends_the_process_and_a_restart_resumes() {
     }
     m.write(10);
     let t0 = Instant::now();
+    // While it waits: the gauge counts the seconds inside the call, the log says on what.
+    let waiting = "waiting on the transaction coordinator, then the group coordinator in \
+                   send_offsets_to_transaction";
+    let mut seen = 0.0f64;
+    while !ex.has_exited() && t0.elapsed() < Duration::from_secs(60) {
+        if let Some((200, text)) = get(&addr, "/metrics") {
+            seen = seen.max(metric(&text, "exactly_kafka_call_waiting_seconds", &[]));
+            assert_eq!(
+                metric(&text, "exactly_stuck_call_timeout_seconds", &[]),
+                12.0
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
     let status = ex.wait(Duration::from_secs(120));
     let waited = t0.elapsed();
-    eprintln!("left after {waited:?}");
+    eprintln!("left after {waited:?}; the gauge showed up to {seen}s inside the call");
     assert_eq!(status.code(), Some(4), "{}", ex.log_text());
     let log = messages(&ex);
     assert!(
+        log.iter().any(|m| m.contains(waiting)),
+        "no '{waiting}' line: {log:#?}"
+    );
+    assert!(
         log.iter()
-            .any(|m| m.contains("stuck in send_offsets_to_transaction")),
+            .any(|m| m.contains("stuck in send_offsets_to_transaction")
+                && m.contains("past --stuck-call-timeout 12s")),
         "{log:#?}"
     );
-    // Within the bound (6 s + 30 s, checked every second).
-    assert!(waited < Duration::from_secs(45), "left after {waited:?}");
+    assert!(seen >= 5.0, "the waiting gauge showed at most {seen}s");
+    // The operator's bound (12 s, checked every second), not the default (6 s + 30 s).
+    assert!(
+        waited >= Duration::from_secs(12) && waited < Duration::from_secs(20),
+        "left after {waited:?}"
+    );
     // The restart, once the coordinator is back, fences the stuck producer and commits. (The
     // mock does not serve committed offsets back, so the restart reads from the start: what
     // is committed once is the cluster scenarios' to show, tests/faults.rs.)

@@ -168,6 +168,13 @@ pub struct RunArgs {
     #[arg(long, env = "EXACTLY_SHUTDOWN_GRACE", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
 
+    /// How long the loop may wait inside one librdkafka transactional call before exactly
+    /// leaves (exit code 4) so that its restart fences the stuck producer; at least the
+    /// transaction timeout + 5s. librdkafka has calls that do not keep their timeout (README,
+    /// "Watchdog") [default: the transaction timeout + 30s]
+    #[arg(long, env = "EXACTLY_STUCK_CALL_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
+    pub stuck_call_timeout: Option<Duration>,
+
     /// Address of the HTTP endpoints (/metrics, /livez, /readyz), or `off`.
     #[arg(long, env = "EXACTLY_HTTP_ADDR", value_name = "ADDR", default_value = "0.0.0.0:9898", value_parser = parse_http_addr)]
     // Fully qualified: to clap, a plain `Option` means "may be absent"; here it is the value.
@@ -195,6 +202,11 @@ pub struct RunArgs {
     /// (0 to 1). Used by the fault-injection suite.
     #[arg(long, env = "EXACTLY_TEST_ABORT_PROBABILITY", value_name = "P", hide = true, conflicts_with = "test_abort_every", value_parser = parse_probability)]
     pub test_abort_probability: Option<f64>,
+
+    /// Testing only: no claim of the instance on this host, so that one host can run two
+    /// processes of one instance (the clash they make is what the test is about).
+    #[arg(long, env = "EXACTLY_TEST_NO_HOST_CLAIM", hide = true)]
+    pub test_no_host_claim: bool,
 
     /// Testing only: the first N sends fail as a failed produce does (the transaction is
     /// aborted), before the record reaches librdkafka.
@@ -303,6 +315,8 @@ pub struct Config {
     pub lineage: bool,
     /// Shutdown grace.
     pub shutdown_grace: Duration,
+    /// `--stuck-call-timeout`, resolved: see [`Config::stuck_bound`].
+    pub stuck_call_timeout: Duration,
     /// HTTP endpoints address (None: off).
     pub http_addr: Option<std::net::SocketAddr>,
     /// Refresh period of the lag gauges.
@@ -324,6 +338,16 @@ pub struct GroupConfig {
     pub static_membership: bool,
     /// `group.protocol`.
     pub protocol: GroupProtocol,
+}
+
+impl GroupConfig {
+    /// Whether a clean stop unsubscribes before it closes, so that the member leaves: a
+    /// classic static member sends no LeaveGroup on close (KIP-345). A dynamic member leaves
+    /// on close anyway; a static one under the consumer protocol leaves with epoch -2 either
+    /// way, which keeps its partitions until the broker's session expires.
+    pub fn unsubscribes_to_leave(&self) -> bool {
+        self.static_membership && self.protocol == GroupProtocol::Classic
+    }
 }
 
 /// Where outputs go, and how they become durable with the offsets.
@@ -381,6 +405,8 @@ pub struct TestSwitches {
     pub aborts: Option<TestAborts>,
     /// Sends that fail before reaching librdkafka.
     pub fail_sends: u64,
+    /// No claim of the instance on the host (two processes of one instance on one host).
+    pub no_host_claim: bool,
     /// Records the transform refuses as unavailable first.
     pub unavailable: u64,
     /// The commit after which the dedup crashes before its local store write.
@@ -404,7 +430,27 @@ impl Config {
     /// How long the loop may be inside one client call before the process leaves (exit code
     /// 4): every call is bounded by the transaction timeout, so one past this has ignored it.
     pub fn stuck_bound(&self) -> Duration {
-        self.sink.transaction_timeout + Duration::from_secs(30)
+        self.stuck_call_timeout
+    }
+}
+
+/// `--stuck-call-timeout`, or its default: the transaction timeout + 30 s. Every transactional
+/// call is given the transaction timeout, so a bound closer to it than 5 s would end calls that
+/// are only slow.
+fn stuck_call_timeout(
+    chosen: Option<Duration>,
+    transaction_timeout: Duration,
+) -> Result<Duration, Error> {
+    let least = transaction_timeout + Duration::from_secs(5);
+    match chosen {
+        None => Ok(transaction_timeout + Duration::from_secs(30)),
+        Some(t) if t < least => Err(Error::Config(format!(
+            "--stuck-call-timeout: {} is shorter than --transaction-timeout ({}) + 5s; \
+             librdkafka's calls are given the transaction timeout",
+            humantime::format_duration(t),
+            humantime::format_duration(transaction_timeout)
+        ))),
+        Some(t) => Ok(t),
     }
 }
 
@@ -544,6 +590,8 @@ impl RunArgs {
                     Error::Config(format!("{flag}: {e}"))
                 })?;
         }
+        let stuck_call_timeout =
+            stuck_call_timeout(self.stuck_call_timeout, sink.transaction_timeout)?;
         Ok(Config {
             kafka,
             group,
@@ -554,6 +602,7 @@ impl RunArgs {
             errors,
             lineage: !self.no_lineage,
             shutdown_grace: self.shutdown_grace,
+            stuck_call_timeout,
             http_addr: self.http_addr,
             lag_interval: self.lag_interval,
             test,
@@ -702,6 +751,7 @@ impl RunArgs {
                 (None, None) => None,
             },
             fail_sends: self.test_fail_sends.unwrap_or(0),
+            no_host_claim: self.test_no_host_claim,
             unavailable: self.test_unavailable.unwrap_or(0),
             crash_before_store: self.test_crash_before_store,
             restore_pace: self.test_restore_pace,
@@ -1193,6 +1243,18 @@ mod tests {
     fn transactional_id_override() {
         let c = parse(&["--transactional-id", "fixed"]).unwrap();
         assert_eq!(c.sink.transactional_id, "fixed");
+    }
+
+    #[test]
+    fn the_stuck_call_timeout_defaults_to_the_transaction_timeout_plus_30s_and_names_its_flag() {
+        assert_eq!(parse(&[]).unwrap().stuck_bound(), Duration::from_secs(90));
+        let c = parse(&["--transaction-timeout", "6s", "--stuck-call-timeout", "12s"]).unwrap();
+        assert_eq!(c.stuck_bound(), Duration::from_secs(12));
+        let e = parse(&["--transaction-timeout", "6s", "--stuck-call-timeout", "8s"]).unwrap_err();
+        assert!(
+            e.contains("--stuck-call-timeout") && e.contains("--transaction-timeout"),
+            "{e}"
+        );
     }
 
     #[test]

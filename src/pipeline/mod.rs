@@ -11,8 +11,10 @@
 //!   ([`stage`]) until its batch's answer is back.
 //! - [`writer`]: the record path, one input's outputs (or its DLQ copy) into the open unit.
 //! - [`rewind`]: where every partition goes back to after an abort.
+//! - [`identity`]: one process per instance on a host (exit code 5 for a second one).
 
 pub mod context;
+pub mod identity;
 pub mod intake;
 pub mod rewind;
 pub mod session;
@@ -38,7 +40,7 @@ use crate::backoff::Backoff;
 use crate::config::{Config, Input, OnError};
 use crate::error::{Action, Error, Facts, KafkaCall, classify};
 use crate::health::Health;
-use crate::kafka::{GroupProtocol, Role, member, raw_headers};
+use crate::kafka::{Role, member, raw_headers};
 use crate::lag::Positions;
 use crate::metrics::Metrics;
 use crate::sink::{self, Driver};
@@ -141,8 +143,7 @@ pub fn run(
             Err(Interrupt::Fail(e)) => Err(e),
             Ok(()) => Ok(()),
         };
-        let leave =
-            config.group.static_membership && config.group.protocol == GroupProtocol::Classic;
+        let leave = config.group.unsubscribes_to_leave();
         return stop(consumer, result, config.shutdown_grace, leave);
     }
 }
@@ -157,7 +158,12 @@ fn replacements_after(replacements: u32, progressed: bool) -> u32 {
 /// old consumer read, and a new one joins after a pause that grows with `replacements`.
 fn replace(consumer: PipelineConsumer, why: &str, replacements: u32) {
     consumer.context().session().replaced();
-    close(consumer, Instant::now() + Duration::from_secs(5), false);
+    close(
+        consumer,
+        Instant::now() + Duration::from_secs(5),
+        false,
+        false,
+    );
     let pause = Backoff::CONSUMER.after(replacements);
     error!(error = %why, ?pause, "consumer fenced; replacing it");
     std::thread::sleep(pause);
@@ -165,7 +171,8 @@ fn replace(consumer: PipelineConsumer, why: &str, replacements: u32) {
 
 /// The loop ended with `result`: commit what is open (or abandon it on an error), then leave
 /// the group, all within `grace`. A classic static member (`leave_static`) leaves only after a
-/// clean stop: after an error its restart should find its place kept.
+/// clean stop: after an error (exit 1, 3 or 4) its restart should find its place kept; a stop
+/// for good then costs its partitions the session timeout.
 fn stop(
     consumer: PipelineConsumer,
     result: Result<(), Error>,
@@ -180,10 +187,8 @@ fn stop(
     });
     if result.is_err() {
         consumer.context().session().abandon();
-    } else if leave_static {
-        leave_group(&consumer, close_by);
     }
-    close_bounded(consumer, close_by);
+    close_bounded(consumer, close_by, leave_static && result.is_ok());
     info!("exactly stopped");
     result
 }
@@ -223,8 +228,9 @@ fn run_loop(
 /// Makes a classic static member leave its group, as a dynamic one does when it closes, so its
 /// partitions move at once instead of after its session timeout: on close, a static member
 /// sends no LeaveGroup (KIP-345), but after an unsubscribe it does. The revoke callback finds
-/// nothing open (the session finished); librdkafka clears the member id when the LeaveGroup
-/// goes out, and the close that follows waits for its answer.
+/// nothing open (the session finished). librdkafka clears the member id when it gives the
+/// membership up, then sends the LeaveGroup if it knows a coordinator (else the group times the
+/// member out); the close that follows waits for its answer.
 fn leave_group(consumer: &PipelineConsumer, deadline: Instant) {
     consumer.unsubscribe();
     let left = || member::of(consumer.client()).is_none_or(|m| m.id.is_empty());
@@ -245,7 +251,12 @@ fn leave_group(consumer: &PipelineConsumer, deadline: Instant) {
 ///
 /// On the way out (`exiting`), a closed consumer is not dropped either: rust-rdkafka's Drop
 /// closes it a second time and logs that as an error, and the process ends next anyway.
-fn close(consumer: PipelineConsumer, deadline: Instant, exiting: bool) {
+///
+/// A classic static member leaves first when `leave` (see [`leave_group`]).
+fn close(consumer: PipelineConsumer, deadline: Instant, exiting: bool, leave: bool) {
+    if leave {
+        leave_group(&consumer, deadline);
+    }
     if consumer.close_queue().is_ok() {
         while !consumer.closed() && Instant::now() < deadline {
             consumer.poll(MAX_POLL);
@@ -265,12 +276,12 @@ fn close(consumer: PipelineConsumer, deadline: Instant, exiting: bool) {
 /// The final close, bounded by `deadline` even when one librdkafka call inside it blocks (the
 /// revoke callback's, say): it runs on a thread of its own, which the process's exit ends if
 /// it is still waiting. Leaving the group is a courtesy; the group times a member out anyway.
-fn close_bounded(consumer: PipelineConsumer, deadline: Instant) {
+fn close_bounded(consumer: PipelineConsumer, deadline: Instant, leave: bool) {
     let (tx, rx) = std::sync::mpsc::channel();
     let spawned = std::thread::Builder::new()
         .name("exactly-close".into())
         .spawn(move || {
-            close(consumer, deadline, true);
+            close(consumer, deadline, true, leave);
             let _ = tx.send(());
         });
     match spawned {

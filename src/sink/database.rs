@@ -703,15 +703,7 @@ mod tests {
             owner: "a".into(),
             dlq_topic: "rows.dlq".into(),
         };
-        let test = TestSwitches {
-            aborts: None,
-            fail_sends: 0,
-            unavailable: 0,
-            crash_before_store: None,
-            restore_pace: None,
-            crash_after_db_commit: None,
-            lose_db_commit_answers: None,
-        };
+        let test = TestSwitches::default();
         Database::new(&config, "rows", &test, Arc::new(Metrics::new())).unwrap()
     }
 

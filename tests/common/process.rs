@@ -62,16 +62,17 @@ pub fn base_args(topics: &Topics, group: &str, instance: &str) -> Vec<String> {
     .collect()
 }
 
-/// `args` without the quick classic session of [`base_args`]: librdkafka's default (45 s),
-/// which a restart must not wait for.
-pub fn without_quick_session(args: Vec<String>) -> Vec<String> {
+/// `args` without the quick classic session and heartbeat of [`base_args`]: librdkafka's
+/// defaults (45 s, 3 s), as exactly ships them.
+pub fn with_shipped_session(args: Vec<String>) -> Vec<String> {
+    let quick = ["session.timeout.ms=", "heartbeat.interval.ms="];
     let mut out = Vec::with_capacity(args.len());
     let mut args = args.into_iter().peekable();
     while let Some(a) = args.next() {
         if a == "--consumer-config"
             && args
                 .peek()
-                .is_some_and(|v| v.starts_with("session.timeout.ms="))
+                .is_some_and(|v| quick.iter().any(|k| v.starts_with(k)))
         {
             args.next();
             continue;
