@@ -191,10 +191,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     let bound = config.loop_bound();
     metrics
         .stuck_call_timeout
-        .set(config.stuck_bound().as_secs_f64());
+        .set(config.stuck_call_timeout.as_secs_f64());
     let mut watchdog = tokio::spawn(health.clone().watch(
         bound,
-        config.stuck_bound(),
+        config.stuck_call_timeout,
         metrics.clone(),
         stop_watching.clone(),
     ));

@@ -146,20 +146,13 @@ fn a_stopped_instance_hands_its_partitions_over_at_once() {
     wait_committed_at_least(&group, &topics.input, 1, Duration::from_secs(120));
 
     let stopped = Instant::now();
-    b.signal(Signal::SIGTERM);
-    assert_eq!(
-        b.wait(Duration::from_secs(20)).code(),
-        Some(0),
-        "{}",
-        b.log_text()
-    );
+    b.stop_cleanly();
     a.wait_log("a owns everything", Duration::from_secs(90), |e| {
         e.owned().is_some_and(|o| count_partitions(&o) == 6)
     });
     let took_over = stopped.elapsed();
     wait_all_committed(&group, &topics.input, Duration::from_secs(180));
-    a.signal(Signal::SIGTERM);
-    assert_eq!(a.wait(Duration::from_secs(15)).code(), Some(0));
+    a.stop_cleanly();
 
     let outputs = read_all(&topics.output, "read_committed");
     let n = assert_exactly_once(&outputs, &expected_outputs(&topics.input, doubled));
@@ -209,8 +202,7 @@ fn a_second_process_of_one_instance_on_a_host_exits_5_naming_the_clash() {
     c.wait_log("c running", Duration::from_secs(60), |e| {
         !e.events("exactly running").is_empty()
     });
-    c.signal(Signal::SIGTERM);
-    assert_eq!(c.wait(Duration::from_secs(15)).code(), Some(0));
+    c.stop_cleanly();
     let outputs = read_all(&topics.output, "read_committed");
     let n = assert_exactly_once(&outputs, &expected_outputs(&topics.input, doubled));
     eprintln!("the second process exited 5 after {took:?}; {n} outputs exactly once");
@@ -263,9 +255,7 @@ fn a_rolling_restart_of_three_keeps_every_partition_moving() {
     let mut downs = Vec::new();
     for (i, slot) in live.iter_mut().enumerate() {
         std::thread::sleep(Duration::from_secs(5));
-        slot.signal(Signal::SIGTERM);
-        let status = slot.wait(Duration::from_secs(20));
-        assert_eq!(status.code(), Some(0), "{}", slot.log_text());
+        slot.stop_cleanly();
         std::thread::sleep(Duration::from_secs(12));
         *slot = Exactly::start(&args(i));
         let back = Instant::now();
@@ -280,8 +270,7 @@ fn a_rolling_restart_of_three_keeps_every_partition_moving() {
     let (stall, partition) = watch.join().unwrap();
     wait_all_committed(&group, &topics.input, Duration::from_secs(180));
     for e in &mut live {
-        e.signal(Signal::SIGTERM);
-        assert_eq!(e.wait(Duration::from_secs(20)).code(), Some(0));
+        e.stop_cleanly();
     }
     let outputs = read_all(&topics.output, "read_committed");
     let n = assert_exactly_once(&outputs, &expected_outputs(&topics.input, doubled));

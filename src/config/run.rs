@@ -315,7 +315,9 @@ pub struct Config {
     pub lineage: bool,
     /// Shutdown grace.
     pub shutdown_grace: Duration,
-    /// `--stuck-call-timeout`, resolved: see [`Config::stuck_bound`].
+    /// `--stuck-call-timeout`, resolved: how long the loop may be inside one librdkafka call
+    /// before the process leaves (exit code 4). Every call is given the transaction timeout,
+    /// so one past this has ignored it.
     pub stuck_call_timeout: Duration,
     /// HTTP endpoints address (None: off).
     pub http_addr: Option<std::net::SocketAddr>,
@@ -425,12 +427,6 @@ impl Config {
     /// `max.poll.interval.ms` (the group's rebalance timeout).
     pub fn loop_bound(&self) -> Duration {
         self.sink.transaction_timeout + Duration::from_secs(15)
-    }
-
-    /// How long the loop may be inside one client call before the process leaves (exit code
-    /// 4): every call is bounded by the transaction timeout, so one past this has ignored it.
-    pub fn stuck_bound(&self) -> Duration {
-        self.stuck_call_timeout
     }
 }
 
@@ -1247,9 +1243,12 @@ mod tests {
 
     #[test]
     fn the_stuck_call_timeout_defaults_to_the_transaction_timeout_plus_30s_and_names_its_flag() {
-        assert_eq!(parse(&[]).unwrap().stuck_bound(), Duration::from_secs(90));
+        assert_eq!(
+            parse(&[]).unwrap().stuck_call_timeout,
+            Duration::from_secs(90)
+        );
         let c = parse(&["--transaction-timeout", "6s", "--stuck-call-timeout", "12s"]).unwrap();
-        assert_eq!(c.stuck_bound(), Duration::from_secs(12));
+        assert_eq!(c.stuck_call_timeout, Duration::from_secs(12));
         let e = parse(&["--transaction-timeout", "6s", "--stuck-call-timeout", "8s"]).unwrap_err();
         assert!(
             e.contains("--stuck-call-timeout") && e.contains("--transaction-timeout"),
