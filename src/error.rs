@@ -59,6 +59,13 @@ pub enum Error {
     InstanceClash(String),
 }
 
+impl From<crate::kafka::NotCreated> for Error {
+    /// librdkafka refused a client's settings: a bad option, named in the message.
+    fn from(e: crate::kafka::NotCreated) -> Error {
+        Error::Config(e.to_string())
+    }
+}
+
 impl Error {
     /// `exactly run`'s exit code for it: 2 for a bad option or program, 4 for a stuck client
     /// call, 5 for a second process of one instance, 1 for anything else.

@@ -163,10 +163,7 @@ struct EndOffsets {
 impl EndOffsets {
     fn new(kafka: &Settings, interval: Duration) -> Result<EndOffsets, Error> {
         let client = |isolation| -> Result<BaseConsumer, Error> {
-            kafka
-                .to_rdkafka(Role::EndOffsets { isolation })
-                .create()
-                .map_err(|e| Error::Config(format!("--consumer-config: {e}")))
+            Ok(kafka.client(Role::EndOffsets { isolation }).create()?)
         };
         Ok(EndOffsets {
             committed: client(Isolation::ReadCommitted)?,

@@ -54,7 +54,8 @@
 //! - [`headers`]: the lineage header on every output and the reason headers on DLQ records.
 //! - [`kafka`]: a leaf: every client's librdkafka settings from one [`kafka::Settings`] and a
 //!   [`kafka::Role`] (security settings for all of them, the one rule for what is a secret,
-//!   [`kafka::Refusal`]: the cluster refusing a client); [`kafka::Tp`], a partition; the
+//!   [`kafka::Client`]: creates one, naming it and the option that holds a key librdkafka
+//!   refuses, [`kafka::Refusal`]: the cluster refusing a client); [`kafka::Tp`], a partition; the
 //!   librdkafka calls rust-rdkafka lacks, behind safe wrappers (producing through topic
 //!   handles, header names as bytes, flush).
 //! - [`error`]: error types, and [`error::classify`], the one table that says what a failed

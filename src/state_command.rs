@@ -34,8 +34,7 @@ pub fn command(args: StateArgs) -> u8 {
 
 /// How many partitions `topic` has.
 fn partitions(kafka: &Settings, topic: &str, timeout: Duration) -> Result<i32, Error> {
-    let c: BaseConsumer = (kafka.to_rdkafka(Role::Restore).create())
-        .map_err(|e| Error::Startup(format!("a client: {e}")))?;
+    let c: BaseConsumer = kafka.client(Role::Restore).create()?;
     let md = c
         .fetch_metadata(None, timeout)
         .map_err(|e| Error::Startup(format!("the cluster's topics: {e}")))?;
@@ -227,10 +226,8 @@ fn import(a: &ImportArgs) -> Result<String, Error> {
     runtime
         .block_on(crate::state::topic::ensure(&kafka, &wanted, timeout))
         .map_err(|e| Error::Startup(format!("--state-changelog: {e}")))?;
-    let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = kafka
-        .to_rdkafka(Role::Idempotent)
-        .create()
-        .map_err(|e| Error::Startup(format!("a producer: {e}")))?;
+    let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> =
+        kafka.client(Role::Idempotent).create()?;
     for (p, change) in &plan {
         let (key, value) = encode(change);
         let mut record = BaseRecord::to(&a.changelog.state_changelog)

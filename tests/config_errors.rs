@@ -96,6 +96,89 @@ fn environment_variables_configure_and_are_validated() {
     assert!(err.contains("--bootstrap-servers"), "{err}");
 }
 
+/// Settings each valid alone that librdkafka refuses together when it creates a client:
+/// exit 2, naming the client (the pipeline's, the audit's, the offset tools') and the option
+/// that holds the key librdkafka names, with a secret's value never shown.
+#[test]
+fn settings_librdkafka_refuses_name_the_client_and_the_option_that_holds_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("client.properties");
+    std::fs::write(
+        &file,
+        "security.protocol=ssl\nssl.certificate.location=/nonexistent/client-cert.pem\n\
+         ssl.key.location=/nonexistent/client-key.pem\nssl.key.password=k-secret\n",
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    let exactly = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_exactly"))
+            .args(args)
+            .output()
+            .expect("run exactly");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code(), err)
+    };
+    let with = |cmd: &[&'static str], extra: &[&str]| -> Vec<String> {
+        let mut all: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
+        all.extend(extra.iter().map(|s| s.to_string()));
+        all
+    };
+    let run: Vec<&str> = std::iter::once("run").chain(OK.iter().copied()).collect();
+    let offsets = [
+        "offsets",
+        "show",
+        "--bootstrap-servers",
+        "127.0.0.1:9",
+        "--input-topics",
+        "in",
+        "--group-id",
+        "g",
+    ];
+    let audit = [
+        "audit",
+        "--bootstrap-servers",
+        "127.0.0.1:9",
+        "--input-topics",
+        "in",
+        "--output-topic",
+        "out",
+        "--group-id",
+        "g",
+    ];
+    let from_file = format!("ssl.certificate.location is from --kafka-config-file {file}");
+    let cases = [
+        (
+            with(&run, &["--kafka-config-file", file]),
+            "the end-offset reader cannot be created: ssl.certificate.location failed",
+            from_file.clone(),
+        ),
+        (
+            with(&run, &["--producer-config", "linger.ms=600000"]),
+            "the transactional producer cannot be created: `message.timeout.ms` must be \
+             greater than `linger.ms`",
+            "linger.ms is from --producer-config".to_string(),
+        ),
+        (
+            with(&offsets, &["--kafka-config-file", file]),
+            "the reader of the group's offsets cannot be created",
+            from_file.clone(),
+        ),
+        (
+            with(&audit, &["--kafka-config", "fetch.max.bytes=10"]),
+            "the audit's reader cannot be created",
+            "fetch.max.bytes is from --kafka-config".to_string(),
+        ),
+    ];
+    for (args, client, option) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, err) = exactly(&args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains(client), "{args:?}: {err}");
+        assert!(err.contains(&option), "{args:?}: {err}");
+        assert!(!err.contains("k-secret"), "{args:?}: {err}");
+    }
+}
+
 #[test]
 fn unreachable_broker_fails_start_up_clearly() {
     let args: Vec<&str> = OK

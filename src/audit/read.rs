@@ -41,10 +41,8 @@ type AuditConsumer = BaseConsumer<AuditContext>;
 type Lows = BTreeMap<(String, i32), i64>;
 
 fn client(plan: &Plan, isolation: Isolation) -> Result<AuditConsumer, Error> {
-    plan.kafka
-        .to_rdkafka(Role::AuditReader { isolation })
-        .create_with_context(AuditContext)
-        .map_err(|e| Error::Config(format!("--consumer-config: {e}")))
+    let role = Role::AuditReader { isolation };
+    Ok(plan.kafka.client(role).create_with_context(AuditContext)?)
 }
 
 /// Calls `f` again while its error says a partition's leadership is moving (right after a

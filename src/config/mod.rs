@@ -23,7 +23,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::error::Error;
-use crate::kafka::{REDACTED, is_secret};
+use crate::kafka::{Common, REDACTED, is_secret};
 
 pub use audit::{AuditArgs, AuditConfig, Bound, Plan};
 pub use dedup::{AggregateConfig, DedupArgs, DedupConfig, DedupStateArgs, Emit, Late};
@@ -130,11 +130,11 @@ pub struct ClientArgs {
 }
 
 impl ClientArgs {
-    /// The settings for every client, in the order they apply: the file's, then
-    /// --kafka-config's. Each checked like any passthrough key.
-    pub fn resolve(&self) -> Result<Vec<(String, String)>, Error> {
+    /// The settings for every client: the file's, then --kafka-config's. Each checked like
+    /// any passthrough key.
+    pub fn resolve(&self) -> Result<Common, Error> {
         let owned = [CONSUMER_OWNED, PRODUCER_OWNED].concat();
-        let mut all = Vec::new();
+        let mut common = Common::default();
         if let Some(path) = &self.kafka_config_file {
             let flag = format!("--kafka-config-file {}", path.display());
             let file = std::fs::File::open(path)
@@ -153,11 +153,11 @@ impl ClientArgs {
                     ))
                 })?;
             check_passthrough(&flag, &read, &owned)?;
-            all.extend(read);
+            common.file = Some((path.clone(), read));
         }
         check_passthrough("--kafka-config", &self.kafka_config, &owned)?;
-        all.extend(self.kafka_config.iter().cloned());
-        Ok(all)
+        common.flags.clone_from(&self.kafka_config);
+        Ok(common)
     }
 }
 

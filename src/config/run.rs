@@ -554,8 +554,10 @@ impl RunArgs {
             let set = |kv: &[(String, String)]| kv.iter().any(|(k, _)| k == key);
             let flag = if set(&self.consumer_config) {
                 "--consumer-config"
-            } else if set(&common) {
+            } else if set(&common.flags) {
                 "--kafka-config"
+            } else if common.file.as_ref().is_some_and(|(_, kv)| set(kv)) {
+                "--kafka-config-file"
             } else {
                 continue;
             };
@@ -1132,7 +1134,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            c.kafka.common,
+            c.kafka.common.iter().cloned().collect::<Vec<_>>(),
             [
                 ("security.protocol", "SASL_SSL"),
                 ("sasl.mechanism", "SCRAM-SHA-512"),

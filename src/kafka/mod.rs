@@ -1,8 +1,10 @@
 //! Kafka clients, built in one place: one [`Settings`] object and one [`Role`] per client.
 //!
 //! Every client exactly creates (the pipeline's consumer and producer, the lag clients, the
-//! audit's readers, the offset tools) gets its librdkafka settings from
-//! [`Settings::to_rdkafka`], in one order: the role's defaults, then the user's settings for
+//! audit's readers, the offset tools) is created by the [`Client`] [`Settings::client`] gives
+//! it, which knows where each setting came from: when librdkafka refuses the settings, the
+//! error names the client and the option that holds the key it names ([`NotCreated`]). The
+//! settings apply in one order: the role's defaults, then the user's settings for
 //! every client (`--kafka-config-file`, then `--kafka-config`: security, network), then the
 //! user's settings for the role (`--consumer-config`, `--producer-config`), then the keys the
 //! role fixes. A user can change a default (`auto.offset.reset`), never a fixed key
@@ -22,10 +24,13 @@ pub mod member;
 pub mod produce;
 pub mod raw_headers;
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
+use rdkafka::client::ClientContext;
+use rdkafka::config::{FromClientConfig, FromClientConfigAndContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
@@ -37,12 +42,35 @@ pub struct Settings {
     pub bootstrap_servers: String,
     /// `client.id` of the pipeline's clients (the lag clients add `-lag`).
     pub client_id: String,
-    /// Settings for every client (security, network), in the order they apply.
-    pub common: Vec<(String, String)>,
+    /// Settings for every client (security, network).
+    pub common: Common,
     /// Extra consumer settings (also used by every reading client).
     pub consumer: Vec<(String, String)>,
     /// Extra producer settings.
     pub producer: Vec<(String, String)>,
+}
+
+/// The settings for every client, in the order they apply, kept apart by where they came from
+/// so that an error can name the option that holds a bad value.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Common {
+    /// `--kafka-config-file`: its path, and its settings in its order.
+    pub file: Option<(std::path::PathBuf, Vec<(String, String)>)>,
+    /// `--kafka-config`'s settings, which override the file's.
+    pub flags: Vec<(String, String)>,
+}
+
+impl Common {
+    /// Only `--kafka-config`'s settings.
+    pub fn flags(flags: Vec<(String, String)>) -> Common {
+        Common { file: None, flags }
+    }
+
+    /// Every setting, in the order they apply: the file's, then the flags'.
+    pub fn iter(&self) -> impl Iterator<Item = &(String, String)> {
+        let file = self.file.iter().flat_map(|(_, kv)| kv);
+        file.chain(&self.flags)
+    }
 }
 
 /// Whether a setting's value is a secret, by its key: never logged, printed or shown in an
@@ -91,7 +119,11 @@ impl std::fmt::Debug for Settings {
         f.debug_struct("Settings")
             .field("bootstrap_servers", &self.bootstrap_servers)
             .field("client_id", &self.client_id)
-            .field("common", &Shown(&self.common))
+            .field(
+                "file",
+                &self.common.file.as_ref().map(|(p, kv)| (p, Shown(kv))),
+            )
+            .field("common", &Shown(&self.common.flags))
             .field("consumer", &Shown(&self.consumer))
             .field("producer", &Shown(&self.producer))
             .finish()
@@ -350,6 +382,50 @@ impl Settings {
 
     /// The librdkafka settings of `role`: its defaults, the user's keys, its fixed keys.
     pub fn to_rdkafka(&self, role: Role<'_>) -> ClientConfig {
+        self.client(role).config
+    }
+
+    /// The client of `role`, ready to create: its settings ([`Settings::to_rdkafka`]) and
+    /// where each came from.
+    pub fn client(&self, role: Role<'_>) -> Client {
+        let (defaults, user, fixed) = self.layers(role);
+        let user_flag = role.user_flag();
+        let mut client = Client {
+            name: role.name(),
+            config: ClientConfig::new(),
+            origins: BTreeMap::new(),
+        };
+        for (k, v) in defaults {
+            client.set(k, v, Origin::Default(user_flag));
+        }
+        if let Some((path, kv)) = &self.common.file {
+            for (k, v) in kv {
+                client.set(k, v, Origin::File(path.clone()));
+            }
+        }
+        for (k, v) in &self.common.flags {
+            client.set(k, v, Origin::Flag("--kafka-config"));
+        }
+        for (k, v) in user {
+            client.set(k, v, Origin::Flag(user_flag));
+        }
+        for (k, v) in fixed {
+            client.set(k, v, Origin::Fixed);
+        }
+        client
+    }
+
+    /// The settings of `role` in the three layers that apply in turn: its defaults, the
+    /// user's settings for the role (after the common ones), the keys it fixes.
+    #[allow(clippy::type_complexity)]
+    fn layers(
+        &self,
+        role: Role<'_>,
+    ) -> (
+        Vec<(&'static str, String)>,
+        &[(String, String)],
+        Vec<(&'static str, String)>,
+    ) {
         let mut defaults: Vec<(&str, String)> = Vec::new();
         let mut fixed: Vec<(&str, String)> =
             vec![("bootstrap.servers", self.bootstrap_servers.clone())];
@@ -456,18 +532,167 @@ impl Settings {
                 &self.consumer
             }
         };
-        let mut c = ClientConfig::new();
-        for (k, v) in defaults {
-            c.set(k, v);
-        }
-        for (k, v) in self.common.iter().chain(user) {
-            c.set(k, v);
-        }
-        for (k, v) in fixed {
-            c.set(k, v);
-        }
-        c
+        (defaults, user, fixed)
     }
+}
+
+impl Role<'_> {
+    /// What the client is, in an error.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Role::Pipeline { .. } => "the pipeline's consumer",
+            Role::Transactional { .. } => "the transactional producer",
+            Role::Idempotent => "the idempotent producer",
+            Role::EndOffsets { .. } => "the end-offset reader",
+            Role::AuditReader { .. } => "the audit's reader",
+            Role::Restore => "the state changelog's reader",
+            Role::Admin => "the admin client",
+            Role::GroupOffsets { .. } => "the reader of the group's offsets",
+        }
+    }
+
+    /// The option of the user's settings for this client.
+    fn user_flag(&self) -> &'static str {
+        match self {
+            Role::Transactional { .. } | Role::Idempotent | Role::Admin => "--producer-config",
+            _ => "--consumer-config",
+        }
+    }
+}
+
+/// Where a client's setting came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Origin {
+    /// exactly's default for the client, which this option overrides.
+    Default(&'static str),
+    /// `--kafka-config-file` at this path.
+    File(std::path::PathBuf),
+    /// This option (`--kafka-config`, `--consumer-config`, `--producer-config`).
+    Flag(&'static str),
+    /// Fixed by exactly (the flag that sets it was checked at start).
+    Fixed,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::Default(flag) => write!(f, "exactly's default ({flag} overrides it)"),
+            Origin::File(path) => write!(f, "--kafka-config-file {}", path.display()),
+            Origin::Flag(flag) => f.write_str(flag),
+            Origin::Fixed => f.write_str("exactly, for this client"),
+        }
+    }
+}
+
+/// One client's librdkafka settings, and where each came from: what creates the client, so
+/// that a refusal of its settings names the client and the option to fix.
+#[derive(Clone)]
+pub struct Client {
+    name: &'static str,
+    config: ClientConfig,
+    /// Each key's source (the last that set it).
+    origins: BTreeMap<String, Origin>,
+}
+
+/// librdkafka refused a client's settings: which client, what librdkafka said (secrets
+/// redacted), and the options that hold the keys it named.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotCreated(String);
+
+impl std::fmt::Display for NotCreated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NotCreated {}
+
+impl Client {
+    fn set(&mut self, key: &str, value: impl Into<String>, origin: Origin) {
+        self.config.set(key, value);
+        self.origins.insert(key.to_string(), origin);
+    }
+
+    /// The settings, for librdkafka.
+    pub fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    /// Creates the client.
+    pub fn create<T: FromClientConfig>(&self) -> Result<T, NotCreated> {
+        self.config.create().map_err(|e| self.not_created(&e))
+    }
+
+    /// Creates the client with `context`.
+    pub fn create_with_context<C, T>(&self, context: C) -> Result<T, NotCreated>
+    where
+        C: ClientContext,
+        T: FromClientConfigAndContext<C>,
+    {
+        (self.config.create_with_context(context)).map_err(|e| self.not_created(&e))
+    }
+
+    /// `e` from creating the client, as the operator needs it: the client, librdkafka's words
+    /// (a secret's value never shown), and where each key they name was set. A message that
+    /// names none of the keys set lists the options that set any.
+    fn not_created(&self, e: &KafkaError) -> NotCreated {
+        let mut said = match e {
+            KafkaError::ClientConfig(_, desc, _, _) => desc.clone(),
+            KafkaError::ClientCreation(message) => message.clone(),
+            other => other.to_string(),
+        };
+        for key in self.origins.keys().filter(|k| is_secret(k)) {
+            if let Some(value) = self.config.get(key).filter(|v| !v.is_empty()) {
+                said = said.replace(value, REDACTED);
+            }
+        }
+        let named: Vec<String> = match e {
+            KafkaError::ClientConfig(_, _, key, _) => vec![key.clone()],
+            _ => (self.origins.keys())
+                .filter(|k| names_key(&said, k))
+                .cloned()
+                .collect(),
+        };
+        let blame: Vec<String> = (named.iter())
+            .filter_map(|k| self.origins.get(k).map(|o| format!("{k} is from {o}")))
+            .collect();
+        let blame = if blame.is_empty() {
+            // The user's options that set any key, in the order they apply.
+            let mut sources: Vec<(u8, String)> = (self.origins.values())
+                .filter_map(|origin| match origin {
+                    Origin::File(_) => Some((0, origin.to_string())),
+                    Origin::Flag("--kafka-config") => Some((1, origin.to_string())),
+                    Origin::Flag(_) => Some((2, origin.to_string())),
+                    Origin::Default(_) | Origin::Fixed => None,
+                })
+                .collect();
+            sources.sort();
+            sources.dedup();
+            let sources: Vec<String> = sources.into_iter().map(|(_, s)| s).collect();
+            if sources.is_empty() {
+                String::new()
+            } else {
+                format!(" (settings from {})", sources.join(", "))
+            }
+        } else {
+            format!("; {}", blame.join("; "))
+        };
+        NotCreated(format!("{} cannot be created: {said}{blame}", self.name))
+    }
+}
+
+/// Whether librdkafka's `message` names the setting `key` (not a longer key it begins).
+fn names_key(message: &str, key: &str) -> bool {
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    message.match_indices(key).any(|(at, _)| {
+        let before = message[..at].chars().next_back();
+        // A key's end: not more of a word, nor a dot and more of a key (a full stop is one).
+        let after = message[at + key.len()..]
+            .trim_start_matches('.')
+            .chars()
+            .next();
+        !before.is_some_and(|c| word(c) || c == '.') && !after.is_some_and(word)
+    })
 }
 
 /// What both producers fix: transactions need the idempotent producer and acks from all
@@ -623,7 +848,7 @@ mod tests {
         Settings {
             bootstrap_servers: "h:1".into(),
             client_id: "exactly-pod-0".into(),
-            common: Vec::new(),
+            common: Common::default(),
             consumer: own(consumer),
             producer: own(producer),
         }
@@ -632,7 +857,7 @@ mod tests {
     #[test]
     fn every_client_gets_the_common_settings_and_its_role_overrides_them() {
         let mut s = settings(&[("sasl.username", "reader")], &[("linger.ms", "20")]);
-        s.common = vec![
+        s.common.flags = vec![
             ("security.protocol".into(), "sasl_ssl".into()),
             ("sasl.username".into(), "all".into()),
             ("isolation.level".into(), "read_uncommitted".into()),
@@ -669,6 +894,80 @@ mod tests {
         let producer = s.to_rdkafka(Role::Idempotent);
         assert_eq!(producer.get("sasl.username"), Some("all"));
         assert_eq!(producer.get("linger.ms"), Some("20"));
+    }
+
+    #[test]
+    fn a_client_librdkafka_refuses_is_named_with_the_option_that_holds_the_bad_key() {
+        // A key from the properties file: the file is named, with the client.
+        let mut s = settings(&[("fetch.max.bytes", "1000")], &[]);
+        let path = std::path::PathBuf::from("/etc/exactly/client.properties");
+        s.common.file = Some((
+            path,
+            vec![
+                ("security.protocol".into(), "ssl".into()),
+                ("ssl.key.location".into(), "/nonexistent/k.pem".into()),
+            ],
+        ));
+        s.common.flags = vec![("socket.timeout.ms".into(), "30000".into())];
+        let admin = s.client(Role::Admin);
+        let Err(e) = admin.create::<rdkafka::admin::AdminClient<_>>() else {
+            panic!("created");
+        };
+        let e = e.to_string();
+        assert!(e.starts_with("the admin client cannot be created: "), "{e}");
+        assert!(
+            e.contains(
+                "ssl.key.location is from --kafka-config-file /etc/exactly/client.properties"
+            ),
+            "{e}"
+        );
+        assert!(
+            !e.contains("/nonexistent/k.pem"),
+            "a secret key's value shown: {e}"
+        );
+        // A key of the role's own option, under its client's name.
+        s.common.file = None;
+        let consumer = s.client(pipeline(None));
+        let Err(e) = consumer.create::<rdkafka::consumer::BaseConsumer>() else {
+            panic!("created");
+        };
+        let e = e.to_string();
+        assert!(
+            e.starts_with("the pipeline's consumer cannot be created: "),
+            "{e}"
+        );
+        assert!(
+            e.contains("fetch.max.bytes is from --consumer-config"),
+            "{e}"
+        );
+        assert!(!e.contains("socket.timeout.ms"), "{e}");
+    }
+
+    #[test]
+    fn a_refusal_that_names_no_key_set_lists_the_options_and_never_a_secret() {
+        let mut s = settings(&[], &[("sasl.password", "p-secret")]);
+        s.common.flags = vec![("sasl.username".into(), "alice".into())];
+        let client = s.client(Role::Idempotent);
+        let e = KafkaError::ClientCreation("`sasl.mechanism` p-secret is wrong".into());
+        let e = client.not_created(&e).to_string();
+        assert_eq!(
+            e,
+            "the idempotent producer cannot be created: `sasl.mechanism` [redacted] is \
+             wrong (settings from --kafka-config, --producer-config)"
+        );
+    }
+
+    #[test]
+    fn a_key_is_named_only_whole() {
+        assert!(names_key("ssl.key.location failed: x", "ssl.key.location"));
+        assert!(names_key(
+            "`fetch.max.bytes` must be >= x",
+            "fetch.max.bytes"
+        ));
+        assert!(names_key("set ssl.key.", "ssl.key"));
+        assert!(!names_key("ssl.key.location failed", "ssl.key"));
+        assert!(!names_key("ssl.key.location failed", "key.location"));
+        assert!(!names_key("`fetch.max.bytes2`", "fetch.max.bytes"));
     }
 
     #[test]
@@ -717,7 +1016,7 @@ mod tests {
             assert!(!is_secret(key), "{key}");
         }
         let mut s = settings(&[("ssl.key.password", "k-secret")], &[]);
-        s.common = vec![
+        s.common.flags = vec![
             ("sasl.username".into(), "alice".into()),
             ("sasl.password".into(), "p-secret".into()),
         ];

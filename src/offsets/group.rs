@@ -26,10 +26,7 @@ impl GroupStore {
 impl GroupStore {
     /// A client of `group` that is not a member of it.
     fn client(&self, group: &str) -> Result<BaseConsumer, Error> {
-        self.kafka
-            .to_rdkafka(Role::GroupOffsets { group })
-            .create()
-            .map_err(|e| Error::Config(format!("--consumer-config: {e}")))
+        Ok(self.kafka.client(Role::GroupOffsets { group }).create()?)
     }
 }
 

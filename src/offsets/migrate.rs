@@ -46,13 +46,8 @@ impl Row {
 
 /// The partitions of `target`, with watermarks, last stable offsets and committed offsets.
 pub fn state(target: &Target) -> Result<Vec<Row>, Error> {
-    let client = |role: Role<'_>| -> Result<BaseConsumer, Error> {
-        target
-            .kafka
-            .to_rdkafka(role)
-            .create()
-            .map_err(|e| Error::Config(format!("--consumer-config: {e}")))
-    };
+    let client =
+        |role: Role<'_>| -> Result<BaseConsumer, Error> { Ok(target.kafka.client(role).create()?) };
     let group = client(Role::GroupOffsets {
         group: &target.group,
     })?;
@@ -109,13 +104,10 @@ pub fn state(target: &Target) -> Result<Vec<Row>, Error> {
 
 /// Members of the group now (a running exactly, or the old job with Kafka group management).
 fn members(target: &Target) -> Result<usize, Error> {
-    let c: BaseConsumer = target
-        .kafka
-        .to_rdkafka(Role::GroupOffsets {
-            group: &target.group,
-        })
-        .create()
-        .map_err(|e| Error::Config(format!("--consumer-config: {e}")))?;
+    let role = Role::GroupOffsets {
+        group: &target.group,
+    };
+    let c: BaseConsumer = target.kafka.client(role).create()?;
     let list = c
         .fetch_group_list(Some(&target.group), target.timeout)
         .map_err(|source| Error::Unrecoverable {

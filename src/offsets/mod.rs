@@ -184,7 +184,7 @@ mod tests {
         Settings {
             bootstrap_servers: "127.0.0.1:9".into(),
             client_id: "t".into(),
-            common: Vec::new(),
+            common: Default::default(),
             consumer: Vec::new(),
             producer: Vec::new(),
         }

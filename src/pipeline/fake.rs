@@ -722,17 +722,20 @@ impl Core {
 
     /// One turn of the loop; whether a record was read.
     pub fn turn(&mut self) -> bool {
+        self.try_turn()
+            .unwrap_or_else(|e| panic!("the turn failed: {e:?}"))
+    }
+
+    /// One turn of the loop: whether a record was read, or what interrupts the pipeline.
+    pub fn try_turn(&mut self) -> Result<bool, super::Interrupt> {
         let record = if self.next.read {
             self.group.poll()
         } else {
             None
         };
         let input = record.as_ref().map(OwnedRecord::as_input);
-        self.next = match self.session.turn(input.as_ref(), &self.group) {
-            Ok(next) => next,
-            Err(e) => panic!("the turn failed: {e:?}"),
-        };
-        record.is_some()
+        self.next = self.session.turn(input.as_ref(), &self.group)?;
+        Ok(record.is_some())
     }
 
     /// Turns until `n` turns in a row read nothing (at most `max` turns).

@@ -314,11 +314,8 @@ fn subscribe(
         poll_bound: config.loop_bound(),
         protocol: group.protocol,
     };
-    let consumer: PipelineConsumer = config
-        .kafka
-        .to_rdkafka(role)
-        .create_with_context(PipelineContext::new(session, positions, metrics))
-        .map_err(|e| Error::Config(format!("--consumer-config: {e}")))?;
+    let context = PipelineContext::new(session, positions, metrics);
+    let consumer: PipelineConsumer = config.kafka.client(role).create_with_context(context)?;
     match &group.input {
         Input::Topics(ts) => {
             let ts: Vec<&str> = ts.iter().map(String::as_str).collect();

@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::Interrupt;
 use super::fake::{Answers, Call, Core, always, calls_of, every};
 use crate::kafka::Tp;
 use crate::transform::call::CallError;
@@ -90,6 +91,32 @@ fn a_rewind_brings_back_every_record_read_and_not_committed() {
         .chain((10..14).map(|o| (2, o)))
         .collect();
     assert_eq!(b.lineages("out"), lineages(&all));
+}
+
+/// A commit that fails because the output (or dead-letter) topic may not be written stops
+/// exactly naming the topic and the grant, not the call that failed ("sending offsets").
+#[test]
+fn an_output_topic_that_may_not_be_written_stops_exactly_naming_it_and_the_grant() {
+    for (topic, which) in [("out", "output"), ("out.dlq", "dead-letter")] {
+        let mut core = Core::direct(every(2));
+        // The dead-letter topic is written only for a record the output refuses.
+        core.broker().fill(("in", 0), 0, 2, &[1]);
+        core.broker().refuse = (topic == "out.dlq").then(|| b"poison".to_vec());
+        core.broker().denied = vec![topic.into()];
+        core.assign(("in", 0), 0);
+        let stopped = (0..50).find_map(|_| core.try_turn().err());
+        let Some(Interrupt::Fail(crate::error::Error::Denied(said))) = stopped else {
+            panic!("{topic}: not stopped for the permission: {stopped:?}");
+        };
+        assert_eq!(
+            said,
+            format!(
+                "may not write the {which} topic '{topic}': grant the principal WRITE on \
+                 topic '{topic}' (TOPIC_AUTHORIZATION_FAILED)"
+            )
+        );
+        assert!(core.broker().committed.is_empty(), "{topic}");
+    }
 }
 
 #[test]

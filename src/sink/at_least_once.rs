@@ -21,7 +21,7 @@ impl AtLeastOnce {
     /// Not connected yet: [`Sink::connect`] creates the producer.
     pub fn new(kafka: &Settings, c: &SinkConfig) -> AtLeastOnce {
         AtLeastOnce {
-            connection: Connection::new(kafka.to_rdkafka(Role::Idempotent), &c.output_topic),
+            connection: Connection::new(kafka.client(Role::Idempotent), &c.output_topic),
         }
     }
 
@@ -32,8 +32,7 @@ impl AtLeastOnce {
 
 impl Sink for AtLeastOnce {
     fn connect(&mut self, bounds: &Bounds) -> Result<(), NotConnected> {
-        let connected = self.connection.connect(bounds.timeout(), |_| Ok(()));
-        connected.map_err(|e| self.connection.not_connected("reaching the cluster", e))
+        (self.connection).connect(bounds.timeout(), "reaching the cluster", |_| Ok(()))
     }
 
     /// A unit of deliveries, not a transaction: failures of earlier ones are settled already.

@@ -28,6 +28,7 @@ use crate::kafka::Tp;
 use crate::metrics::Metrics;
 use crate::records::Outgoing;
 use crate::transform::Reason;
+use routed::Denial;
 
 /// Told the offsets of every commit.
 type OnCommit = Box<dyn Fn(&[(Tp, i64)]) + Send>;
@@ -260,10 +261,14 @@ impl Driver {
         let offsets = self.offsets.to_commit(unit, group.positions(), unapplied);
         match self.sink.commit(&offsets, group, &self.bounds) {
             Ok(()) => Ok(self.committed_unit(offsets, started)),
-            Err(Failed::Exit(e)) if routed::topic_denied(&e) && self.failed_for_a_route() => {
-                self.abort(AbortReason::RouteRefused)?;
-                Ok(Outcome::Aborted)
-            }
+            Err(Failed::Exit(e)) if routed::topic_denied(&e) => match self.denial() {
+                Denial::Route => {
+                    self.abort(AbortReason::RouteRefused)?;
+                    Ok(Outcome::Aborted)
+                }
+                Denial::Topic(named) => Err(named),
+                Denial::Unsaid => Err(e),
+            },
             Err(Failed::Exit(e)) => Err(e),
             Err(Failed::Abort(AbortReason::CommitOutcomeUnknown)) => {
                 self.set_aside(offsets, started);
@@ -354,7 +359,7 @@ impl Driver {
         // TXNERR), so taking the unit's first and the route's after never sees the unit's
         // alone.
         let denied = self.sink.take_denied(Duration::ZERO);
-        self.collect_routes();
+        let own = self.collect_routes();
         let route_denied = self.routes.take_denied();
         if let Some(denied) = denied.filter(|_| !route_denied) {
             let ended = match result {
@@ -362,7 +367,7 @@ impl Driver {
                 Err(_) => Ended::Abandoned,
             };
             self.aborted_event(reason, ended);
-            return Err(Error::Denied(denied));
+            return Err(own.map_or(Error::Denied(denied), |t| self.write_denied(&t)));
         }
         match result {
             Ok(()) => {

@@ -28,7 +28,7 @@ impl ExactlyOnce {
             interval: c.commit_interval,
         };
         ExactlyOnce {
-            connection: Connection::new(kafka.to_rdkafka(role), &c.output_topic),
+            connection: Connection::new(kafka.client(role), &c.output_topic),
         }
     }
 
@@ -42,16 +42,13 @@ impl Sink for ExactlyOnce {
         // One bound for reaching the cluster and initialising, together; init gets at least
         // a second of it.
         let (began, timeout) = (Instant::now(), bounds.timeout());
-        let connected = self.connection.connect(timeout, |p| {
-            let _g = bounds.health.in_kafka_call("init_transactions");
-            let left = timeout.saturating_sub(began.elapsed());
-            p.inner()
-                .init_transactions(left.max(Duration::from_secs(1)))
-        });
-        connected.map_err(|e| {
-            self.connection
-                .not_connected("initialising transactions", e)
-        })
+        self.connection
+            .connect(timeout, "initialising transactions", |p| {
+                let _g = bounds.health.in_kafka_call("init_transactions");
+                let left = timeout.saturating_sub(began.elapsed());
+                p.inner()
+                    .init_transactions(left.max(Duration::from_secs(1)))
+            })
     }
 
     fn begin(&mut self, bounds: &Bounds) -> Result<(), Failed> {
@@ -257,7 +254,7 @@ mod tests {
         let kafka = Settings {
             bootstrap_servers: cluster.bootstrap_servers(),
             client_id: "t".into(),
-            common: Vec::new(),
+            common: Default::default(),
             consumer: Vec::new(),
             producer: Vec::new(),
         };

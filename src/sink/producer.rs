@@ -5,21 +5,21 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rdkafka::Message;
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryResult, Producer, ProducerContext, ThreadedProducer};
-use rdkafka::{ClientConfig, Message};
 use tracing::{debug, error, info, warn};
 
 use super::{Bounds, Failed, NotConnected, Record, Rejection};
 use crate::error::{Action, Facts, KafkaCall, classify, refused_route, rejected_record};
 use crate::events::AbortReason;
-use crate::kafka::Refusal;
+use crate::kafka::{Client, NotCreated, Refusal};
 
 /// A Kafka sink's producer: its settings, and the producer once connected.
 pub struct Connection {
-    config: ClientConfig,
+    client: Client,
     /// The topic whose metadata shows the cluster answers (the output topic, which the sink
     /// writes to anyway).
     probe: String,
@@ -30,9 +30,9 @@ pub struct Connection {
 
 impl Connection {
     /// Not connected yet.
-    pub fn new(config: ClientConfig, probe: &str) -> Connection {
+    pub fn new(client: Client, probe: &str) -> Connection {
         Connection {
-            config,
+            client,
             probe: probe.to_string(),
             producer: None,
             refused: None,
@@ -40,21 +40,23 @@ impl Connection {
     }
 
     /// A new producer, which replaces the old one once the cluster accepted it and `init`
-    /// succeeded (the old one stays if anything fails). Waits up to `timeout` for the
-    /// cluster, and gives up at once if it refuses the producer ([`Connection::not_connected`]).
+    /// (`context`) succeeded; the old one stays if anything fails. Waits up to `timeout` for
+    /// the cluster, and gives up at once if it refuses the producer.
     pub fn connect(
         &mut self,
         timeout: Duration,
+        context: &str,
         init: impl FnOnce(&TrackedProducer) -> Result<(), KafkaError>,
-    ) -> Result<(), KafkaError> {
+    ) -> Result<(), NotConnected> {
         self.refused = None;
         let refusal = Arc::new(Refusal::default());
-        let producer = TrackedProducer::create(&self.config, refusal.clone())?;
+        let producer = TrackedProducer::create(&self.client, refusal.clone())
+            .map_err(|e| NotConnected::Exit(e.into()))?;
         if let Err(e) = producer.reach_cluster(&self.probe, timeout, &refusal) {
             self.refused = refusal.get();
-            return Err(e);
+            return Err(self.not_connected("reaching the cluster", e));
         }
-        init(&producer)?;
+        init(&producer).map_err(|e| self.not_connected(context, e))?;
         self.producer = Some(producer);
         Ok(())
     }
@@ -62,7 +64,7 @@ impl Connection {
     /// What a failed [`Connection::connect`] means, doing `context`: a refusal (the cluster
     /// refused the producer before it ever answered: a wrong password, an untrusted
     /// certificate), an error no retry fixes, or one to retry.
-    pub fn not_connected(&self, context: &str, e: KafkaError) -> NotConnected {
+    fn not_connected(&self, context: &str, e: KafkaError) -> NotConnected {
         if let Some(reason) = &self.refused {
             return NotConnected::Refused(reason.clone());
         }
@@ -191,10 +193,7 @@ impl ProducerContext for DeliveryContext {
 
 impl TrackedProducer {
     /// A producer with `config` (not yet transactional: see `init_transactions`).
-    pub fn create(
-        config: &ClientConfig,
-        refusal: Arc<Refusal>,
-    ) -> Result<TrackedProducer, KafkaError> {
+    pub fn create(client: &Client, refusal: Arc<Refusal>) -> Result<TrackedProducer, NotCreated> {
         let context = DeliveryContext {
             refusal,
             denial: Mutex::default(),
@@ -206,7 +205,7 @@ impl TrackedProducer {
             watching: AtomicBool::new(false),
             accepted: Mutex::default(),
         };
-        let inner: ThreadedProducer<DeliveryContext> = config.create_with_context(context)?;
+        let inner: ThreadedProducer<DeliveryContext> = client.create_with_context(context)?;
         Ok(TrackedProducer(crate::kafka::produce::HandleProducer::new(
             inner,
         )))
@@ -455,9 +454,12 @@ mod tests {
         for t in ["a", "b"] {
             cluster.create_topic(t, 1, 1).expect("topic");
         }
-        let mut config = ClientConfig::new();
-        config.set("bootstrap.servers", cluster.bootstrap_servers());
-        let p = TrackedProducer::create(&config, Arc::default()).expect("producer");
+        let settings = crate::kafka::Settings {
+            bootstrap_servers: cluster.bootstrap_servers(),
+            ..Default::default()
+        };
+        let client = settings.client(crate::kafka::Role::Idempotent);
+        let p = TrackedProducer::create(&client, Arc::default()).expect("producer");
         let bounds = Bounds::new(Arc::default(), Duration::from_secs(10));
         let send = |topic: &str| {
             let mut out = Outgoing {

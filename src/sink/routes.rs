@@ -85,6 +85,12 @@ impl Routes {
         }
     }
 
+    /// What `topic` is if it is no route: "output" or "dead-letter".
+    pub fn fixed_role(&self, topic: &str) -> Option<&'static str> {
+        let at = self.fixed.iter().position(|f| f == topic)?;
+        Some(["output", "dead-letter"][at])
+    }
+
     /// Whether `topic` is a route (not the output or dead-letter topic).
     pub fn is_route(&self, topic: &str) -> bool {
         !self.fixed.iter().any(|f| f == topic)

@@ -96,9 +96,9 @@ impl KafkaChangelog {
     ) -> Result<KafkaChangelog, String> {
         let create = |role| {
             kafka
-                .to_rdkafka(role)
+                .client(role)
                 .create::<BaseConsumer>()
-                .map_err(|e| format!("the changelog's reader: {e}"))
+                .map_err(|e| e.to_string())
         };
         Ok(KafkaChangelog {
             topic: topic.to_string(),

@@ -32,9 +32,9 @@ pub async fn ensure(
     timeout: Duration,
 ) -> Result<(), String> {
     let admin: AdminClient<DefaultClientContext> = kafka
-        .to_rdkafka(Role::Admin)
+        .client(Role::Admin)
         .create()
-        .map_err(|e| format!("an admin client: {e}"))?;
+        .map_err(|e| e.to_string())?;
     // All topics: asking for one by name may create it with the broker's defaults.
     let partitions = |admin: &AdminClient<DefaultClientContext>, name: &str| {
         let md = admin

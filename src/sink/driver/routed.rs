@@ -47,35 +47,64 @@ impl Driver {
         }
         if error == crate::error::TOPIC_DENIED {
             // The output or dead-letter topic itself: nothing to do at run time.
-            return Err(SendError::Fatal(Error::Denied(format!(
-                "may not write topic '{topic}' ({error})"
-            ))));
+            return Err(SendError::Fatal(self.write_denied(topic)));
         }
         self.aborted(AbortReason::ProduceFailed)
     }
 
-    /// Takes what the sink says of refusing destinations.
-    pub(super) fn collect_routes(&mut self) {
+    /// Takes what the sink says of refusing destinations. Returns the output or dead-letter
+    /// topic if it was refused the permission to write (no route: exactly cannot run).
+    pub(super) fn collect_routes(&mut self) -> Option<String> {
         let now = Instant::now();
+        let mut denied = None;
         for (topic, error) in self.sink.take_refused_routes() {
             if self.routes.refused(&topic, error, now) {
                 warn!(
                     topic,
                     error, "an output's topic refuses it; aborting, rewinding, backing off"
                 );
+            } else if error == crate::error::TOPIC_DENIED {
+                denied = Some(topic);
             }
+        }
+        denied
+    }
+
+    /// A unit failed for want of a permission (`e`, an error that would stop exactly): for a
+    /// route (the route's failure, which the abort takes), for the output or dead-letter
+    /// topic, or for what librdkafka did not say. The sink hears a topic's refusal before the
+    /// unit's denial but may hear both after the call returned `e`: the denial first, up to
+    /// [`HEAR_DENIAL`].
+    pub(super) fn denial(&mut self) -> Denial {
+        let _ = self.sink.take_denied(HEAR_DENIAL);
+        let own = self.collect_routes();
+        match own {
+            _ if self.routes.denied() => Denial::Route,
+            Some(topic) => Denial::Topic(self.write_denied(&topic)),
+            None => Denial::Unsaid,
         }
     }
 
-    /// A unit failed for want of a permission (`e`, an error that would stop exactly): whether
-    /// a route was refused it meanwhile, which makes it the route's failure (the abort takes
-    /// it). The sink hears the route's refusal before the unit's denial but may hear both
-    /// after the call returned `e`: the denial first, up to [`HEAR_DENIAL`].
-    pub(super) fn failed_for_a_route(&mut self) -> bool {
-        let _ = self.sink.take_denied(HEAR_DENIAL);
-        self.collect_routes();
-        self.routes.denied()
+    /// The error that stops exactly when `topic`, the output or dead-letter topic, may not be
+    /// written: the topic and the permission to grant.
+    pub(super) fn write_denied(&self, topic: &str) -> Error {
+        let which = self.routes.fixed_role(topic).unwrap_or("routed");
+        Error::Denied(format!(
+            "may not write the {which} topic '{topic}': grant the principal WRITE on topic \
+             '{topic}' ({})",
+            crate::error::TOPIC_DENIED
+        ))
     }
+}
+
+/// What a unit that failed for want of a permission failed for.
+pub(super) enum Denial {
+    /// A route: the route's failure.
+    Route,
+    /// The output or dead-letter topic: this error stops exactly.
+    Topic(Error),
+    /// librdkafka said no topic.
+    Unsaid,
 }
 
 /// Whether `e` is the cluster refusing a topic's permission (which a route may have caused).
