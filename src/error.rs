@@ -53,8 +53,9 @@ pub enum Error {
         "{0}: leaving, so that a restart fences the stuck producer, aborts its transaction and resumes from the last commit"
     )]
     Stuck(String),
-    /// Another live process runs the same instance of the group (see
-    /// [`crate::pipeline::identity`]).
+    /// Another live process runs the same instance of the group: on this host (see
+    /// [`crate::pipeline::identity`]), or one whose consumer fenced this newcomer's
+    /// ([`crate::pipeline::YIELD_WITHIN`]).
     #[error("{0}")]
     InstanceClash(String),
 }

@@ -325,6 +325,7 @@ fn a_fenced_static_consumer_is_replaced_and_nothing_is_lost() {
         ]
         .map(String::from),
     );
+    let a_started = Instant::now();
     let mut a = Exactly::start(&args);
     a.wait_log("a owns partitions", Duration::from_secs(60), |e| {
         e.owned().is_some_and(|o| count_partitions(&o) == 3)
@@ -332,16 +333,44 @@ fn a_fenced_static_consumer_is_replaced_and_nothing_is_lost() {
     produce(&topics.input, &numbered(20_000, 3));
     wait_committed_at_least(&group, &topics.input, 1, Duration::from_secs(60));
 
-    // A second process with the same group.instance.id (a misconfiguration, or the self-fencing
-    // librdkafka does after a session timeout). Under the classic protocol it fences a's
-    // consumer: a must not die of it. Under the consumer protocol (KIP-848) the broker refuses
-    // the newcomer instead (UNRELEASED_INSTANCE_ID, fatal to its consumer): b must not take
+    // A second process of the same instance (the same --instance-id on two hosts, or the
+    // self-fencing librdkafka does after a session timeout). Under the classic protocol it
+    // fences a's consumer: a must not die of it, and replaces its consumer, which fences b's;
+    // b, fenced within seconds of joining, is the newcomer and yields (exit 5) instead of
+    // fencing a back, for ever. Under the consumer protocol (KIP-848) the broker refuses the
+    // newcomer instead (UNRELEASED_INSTANCE_ID, fatal to its consumer): b must not take
     // anything, and a is not disturbed.
-    let mut b_args = args.clone();
-    b_args.extend(["--transactional-id".to_string(), unique("fence-b")]);
-    let mut b = Exactly::start(&b_args);
     let fenced = |e: &Exactly| !e.events("consumer fenced; replacing it").is_empty();
-    if group_protocol() == "consumer" {
+    if group_protocol() == "classic" {
+        // a has run longer than a newcomer yields within (30 s): fenced, it replaces its
+        // consumer. (Two processes started within 30 s: the first fenced yields, either.)
+        std::thread::sleep(
+            (a_started + Duration::from_secs(31)).saturating_duration_since(Instant::now()),
+        );
+        // The same transactional id too: each producer's init fences the other's.
+        let started = Instant::now();
+        let mut b = Exactly::start(&args);
+        while !b.has_exited() && started.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(b.has_exited(), "b runs on; a's log:\n{}", a.log_text());
+        let status = b.wait(Duration::from_secs(1));
+        let took = started.elapsed();
+        assert_eq!(status.code(), Some(5), "{}", b.log_text());
+        assert!(took < Duration::from_secs(30), "b left after {took:?}");
+        let said = b.log_text();
+        assert!(
+            said.contains("another process runs instance 'fence-0' of group")
+                && said.contains("--instance-id"),
+            "{said}"
+        );
+        assert!(fenced(&a), "{}", a.log_text());
+        assert!(!fenced(&b), "b replaced its consumer: {said}");
+        eprintln!("the newcomer left after {took:.1?}");
+    } else {
+        let mut b_args = args.clone();
+        b_args.extend(["--transactional-id".to_string(), unique("fence-b")]);
+        let mut b = Exactly::start(&b_args);
         b.wait_log("b refused its place", Duration::from_secs(60), fenced);
         assert!(
             b.log_text().contains("UnreleasedInstanceId"),
@@ -354,14 +383,8 @@ fn a_fenced_static_consumer_is_replaced_and_nothing_is_lost() {
             b.log_text()
         );
         assert!(!fenced(&a), "{}", a.log_text());
-    } else {
-        a.wait_log(
-            "a replaces its fenced consumer",
-            Duration::from_secs(60),
-            fenced,
-        );
+        b.kill9();
     }
-    b.kill9();
     assert!(!a.has_exited());
     wait_all_committed(&group, &topics.input, Duration::from_secs(180));
     a.signal(Signal::SIGTERM);

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::Message;
 use rdkafka::consumer::Consumer;
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::BorrowedMessage;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -56,6 +56,9 @@ pub enum Interrupt {
     /// This consumer is finished (fenced, or it cannot rewind): a new one starts from the
     /// committed offsets, with the same producer.
     ReplaceConsumer(String),
+    /// Another consumer joined with this one's `group.instance.id` (KIP-345): a consumer to
+    /// replace, unless this process is the newcomer ([`YIELD_WITHIN`]).
+    InstanceFenced(String),
     /// Stop the process.
     Fail(Error),
 }
@@ -123,6 +126,7 @@ pub fn run(
         "exactly running"
     );
     let mut replacements = 0u32;
+    let joined = Instant::now();
     loop {
         let consumer = subscribe(config, session.clone(), positions.clone(), metrics.clone())?;
         let commits = consumer.context().session().commits();
@@ -130,22 +134,48 @@ pub fn run(
         let result = run_loop(&consumer, &health, &shutdown);
         health.set_ready(false);
         let result = match result {
-            Err(Interrupt::ReplaceConsumer(why)) if !shutdown.is_cancelled() => {
+            Err(Interrupt::InstanceFenced(why)) if joined.elapsed() < YIELD_WITHIN => {
+                Err(Error::InstanceClash(clash(config, &why, joined.elapsed())))
+            }
+            Err(Interrupt::ReplaceConsumer(why) | Interrupt::InstanceFenced(why))
+                if !shutdown.is_cancelled() =>
+            {
                 let progressed = consumer.context().session().commits() > commits;
                 replacements = replacements_after(replacements, progressed);
                 replace(consumer, &why, replacements);
                 continue;
             }
             // Shutting down with a finished consumer: nothing of the open unit commits.
-            Err(Interrupt::ReplaceConsumer(why)) => Err(Error::Stopped(format!(
-                "consumer fenced while shutting down: {why}"
-            ))),
+            Err(Interrupt::ReplaceConsumer(why) | Interrupt::InstanceFenced(why)) => Err(
+                Error::Stopped(format!("consumer fenced while shutting down: {why}")),
+            ),
             Err(Interrupt::Fail(e)) => Err(e),
             Ok(()) => Ok(()),
         };
         let leave = config.group.unsubscribes_to_leave();
         return stop(consumer, result, config.shutdown_grace, leave);
     }
+}
+
+/// A process whose consumer is fenced by another with its `group.instance.id` this soon after
+/// its first joined is the newcomer of two processes running one instance: it yields (exit 5),
+/// and the other replaces its own fenced consumer and runs on, instead of the two fencing each
+/// other in turn for ever. The other's fencing comes at its next heartbeat after the
+/// newcomer's join, and the newcomer's at its own after the other's rejoin: seconds, well
+/// within this. A process that ran longer replaces its consumer, which fences the newcomer.
+pub const YIELD_WITHIN: Duration = Duration::from_secs(30);
+
+/// The error of a newcomer that yields, `after` its first join.
+fn clash(config: &Config, why: &str, after: Duration) -> String {
+    let group = &config.group;
+    format!(
+        "another process runs instance '{}' of group '{}' (on another host: this host's claim \
+         held): it fenced this process's consumer {:.1}s after it joined ({why}); leaving it \
+         the instance. Give each process its own --instance-id",
+        group.instance_id,
+        group.group_id,
+        after.as_secs_f64()
+    )
 }
 
 /// Consumers replaced in a row, counting this one: a consumer that committed something before
@@ -215,7 +245,8 @@ fn run_loop(
             None => None,
             Some(Ok(m)) => Some(m),
             Some(Err(e)) => {
-                consumer_error(e)?;
+                let fatal = consumer.client().fatal_error().map(|(code, _)| code);
+                consumer_error(e, fatal)?;
                 None
             }
         };
@@ -336,12 +367,17 @@ fn subscribe(
 }
 
 /// What a consumer error means: nothing (end of a partition), a warning, a consumer to
-/// replace, or the end.
-fn consumer_error(e: KafkaError) -> Result<(), Interrupt> {
+/// replace, or the end. `fatal`: the code of the consumer's fatal error, if it has one.
+fn consumer_error(e: KafkaError, fatal: Option<RDKafkaErrorCode>) -> Result<(), Interrupt> {
     let facts = Facts::of(&e);
     let exit = classify(KafkaCall::Produce, &facts) == Action::Exit;
     match e {
         KafkaError::PartitionEOF(_) => Ok(()),
+        KafkaError::MessageConsumptionFatal(_)
+            if fatal == Some(RDKafkaErrorCode::FencedInstanceId) =>
+        {
+            Err(Interrupt::InstanceFenced(e.to_string()))
+        }
         // A fatal consumer error means this consumer instance is done, most often a static
         // member fenced by its own rejoin after a session timeout (librdkafka#3437). The
         // pipeline replaces it; anything unrecoverable (authorization) still exits.
