@@ -54,7 +54,7 @@ pub enum Error {
     )]
     Stuck(String),
     /// Another live process runs the same instance of the group: on this host (see
-    /// [`crate::pipeline::identity`]), or one whose consumer fenced this newcomer's
+    /// [`crate::pipeline::identity`]), or one whose consumer fenced this one's twice in a row
     /// ([`crate::pipeline::YIELD_WITHIN`]).
     #[error("{0}")]
     InstanceClash(String),

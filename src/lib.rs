@@ -146,7 +146,8 @@ async fn dedup_intake(
         input,
         retention: dedup.retention,
     };
-    state::topic::ensure(&config.kafka, &wanted, config.sink.startup_timeout)
+    let admin = state::topic::admin(&config.kafka)?;
+    state::topic::ensure(&admin, &wanted, config.sink.startup_timeout)
         .await
         .map_err(|e| Error::Startup(format!("--state-changelog: {e}")))?;
     let source = state::restore::KafkaChangelog::new(
@@ -154,8 +155,7 @@ async fn dedup_intake(
         &dedup.changelog,
         config.sink.transaction_timeout,
         shutdown.clone(),
-    )
-    .map_err(Error::Startup)?;
+    )?;
     let mut t =
         transform::dedup::Dedup::new(dedup, programs, Box::new(source), store, metrics.clone());
     t.testing(&config.test);

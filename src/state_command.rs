@@ -51,8 +51,7 @@ fn show(a: &ShowArgs) -> Result<String, Error> {
     let topic = &a.changelog.state_changelog;
     let n = partitions(&kafka, topic, a.changelog.timeout)?;
     let mut reader =
-        KafkaChangelog::new(&kafka, topic, a.changelog.timeout, CancellationToken::new())
-            .map_err(Error::Startup)?;
+        KafkaChangelog::new(&kafka, topic, a.changelog.timeout, CancellationToken::new())?;
     let mut out = String::new();
     for p in 0..n {
         let mut seen: Vec<Window> = Vec::new();
@@ -223,8 +222,9 @@ fn import(a: &ImportArgs) -> Result<String, Error> {
         .enable_all()
         .build()
         .map_err(|e| Error::Startup(e.to_string()))?;
+    let admin = crate::state::topic::admin(&kafka)?;
     runtime
-        .block_on(crate::state::topic::ensure(&kafka, &wanted, timeout))
+        .block_on(crate::state::topic::ensure(&admin, &wanted, timeout))
         .map_err(|e| Error::Startup(format!("--state-changelog: {e}")))?;
     let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> =
         kafka.client(Role::Idempotent).create()?;

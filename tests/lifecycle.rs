@@ -325,7 +325,6 @@ fn a_fenced_static_consumer_is_replaced_and_nothing_is_lost() {
         ]
         .map(String::from),
     );
-    let a_started = Instant::now();
     let mut a = Exactly::start(&args);
     a.wait_log("a owns partitions", Duration::from_secs(60), |e| {
         e.owned().is_some_and(|o| count_partitions(&o) == 3)
@@ -333,40 +332,49 @@ fn a_fenced_static_consumer_is_replaced_and_nothing_is_lost() {
     produce(&topics.input, &numbered(20_000, 3));
     wait_committed_at_least(&group, &topics.input, 1, Duration::from_secs(60));
 
-    // A second process of the same instance (the same --instance-id on two hosts, or the
-    // self-fencing librdkafka does after a session timeout). Under the classic protocol it
-    // fences a's consumer: a must not die of it, and replaces its consumer, which fences b's;
-    // b, fenced within seconds of joining, is the newcomer and yields (exit 5) instead of
-    // fencing a back, for ever. Under the consumer protocol (KIP-848) the broker refuses the
-    // newcomer instead (UNRELEASED_INSTANCE_ID, fatal to its consumer): b must not take
-    // anything, and a is not disturbed.
+    // A second process of the same instance (the same --instance-id on two hosts). Under the
+    // classic protocol each one's join fences the other's consumer, which is replaced and
+    // fences back: the first fenced a second time within 30 s yields (exit 5), naming the
+    // clash, instead of the two fencing each other for ever, and the other runs on. Under the
+    // consumer protocol (KIP-848) the broker refuses the newcomer instead
+    // (UNRELEASED_INSTANCE_ID, fatal to its consumer): b must not take anything, and a is not
+    // disturbed.
     let fenced = |e: &Exactly| !e.events("consumer fenced; replacing it").is_empty();
     if group_protocol() == "classic" {
-        // a has run longer than a newcomer yields within (30 s): fenced, it replaces its
-        // consumer. (Two processes started within 30 s: the first fenced yields, either.)
-        std::thread::sleep(
-            (a_started + Duration::from_secs(31)).saturating_duration_since(Instant::now()),
-        );
         // The same transactional id too: each producer's init fences the other's.
         let started = Instant::now();
         let mut b = Exactly::start(&args);
-        while !b.has_exited() && started.elapsed() < Duration::from_secs(60) {
+        while !a.has_exited() && !b.has_exited() && started.elapsed() < Duration::from_secs(60) {
             std::thread::sleep(Duration::from_millis(100));
         }
-        assert!(b.has_exited(), "b runs on; a's log:\n{}", a.log_text());
-        let status = b.wait(Duration::from_secs(1));
         let took = started.elapsed();
-        assert_eq!(status.code(), Some(5), "{}", b.log_text());
-        assert!(took < Duration::from_secs(30), "b left after {took:?}");
+        // From here on, b is the one that yielded: the first, or the newcomer.
+        let which = if a.has_exited() {
+            "the first"
+        } else {
+            "the newcomer"
+        };
+        if a.has_exited() {
+            std::mem::swap(&mut a, &mut b);
+        }
+        assert!(b.has_exited(), "both run on; a's log:\n{}", a.log_text());
+        assert_eq!(
+            b.wait(Duration::from_secs(1)).code(),
+            Some(5),
+            "{}",
+            b.log_text()
+        );
+        assert!(took < Duration::from_secs(30), "one left after {took:?}");
         let said = b.log_text();
         assert!(
             said.contains("another process runs instance 'fence-0' of group")
                 && said.contains("--instance-id"),
             "{said}"
         );
-        assert!(fenced(&a), "{}", a.log_text());
-        assert!(!fenced(&b), "b replaced its consumer: {said}");
-        eprintln!("the newcomer left after {took:.1?}");
+        assert!(fenced(&b), "yielded at its first fencing: {said}");
+        std::thread::sleep(Duration::from_secs(5));
+        assert!(!a.has_exited(), "the survivor left too: {}", a.log_text());
+        eprintln!("{which} yielded {took:.1?} after the newcomer started");
     } else {
         let mut b_args = args.clone();
         b_args.extend(["--transactional-id".to_string(), unique("fence-b")]);

@@ -123,7 +123,7 @@ impl std::fmt::Debug for Settings {
                 "file",
                 &self.common.file.as_ref().map(|(p, kv)| (p, Shown(kv))),
             )
-            .field("common", &Shown(&self.common.flags))
+            .field("kafka_config", &Shown(&self.common.flags))
             .field("consumer", &Shown(&self.consumer))
             .field("producer", &Shown(&self.producer))
             .finish()
@@ -388,8 +388,7 @@ impl Settings {
     /// The client of `role`, ready to create: its settings ([`Settings::to_rdkafka`]) and
     /// where each came from.
     pub fn client(&self, role: Role<'_>) -> Client {
-        let (defaults, user, fixed) = self.layers(role);
-        let user_flag = role.user_flag();
+        let (defaults, (user_flag, user), fixed) = self.layers(role);
         let mut client = Client {
             name: role.name(),
             config: ClientConfig::new(),
@@ -416,14 +415,15 @@ impl Settings {
     }
 
     /// The settings of `role` in the three layers that apply in turn: its defaults, the
-    /// user's settings for the role (after the common ones), the keys it fixes.
+    /// user's settings for the role (after the common ones) with their option, the keys it
+    /// fixes.
     #[allow(clippy::type_complexity)]
     fn layers(
         &self,
         role: Role<'_>,
     ) -> (
         Vec<(&'static str, String)>,
-        &[(String, String)],
+        (&'static str, &[(String, String)]),
         Vec<(&'static str, String)>,
     ) {
         let mut defaults: Vec<(&str, String)> = Vec::new();
@@ -460,7 +460,7 @@ impl Settings {
                 if let Some(id) = instance {
                     fixed.push(("group.instance.id", id.to_string()));
                 }
-                &self.consumer
+                ("--consumer-config", self.consumer.as_slice())
             }
             Role::Transactional {
                 id,
@@ -476,13 +476,13 @@ impl Settings {
                     ("transactional.id", id.to_string()),
                     ("transaction.timeout.ms", timeout.as_millis().to_string()),
                 ]);
-                &self.producer
+                ("--producer-config", self.producer.as_slice())
             }
             Role::Idempotent => {
                 defaults.push(("client.id", self.client_id.clone()));
                 defaults.extend(PIPELINE_PRODUCE.map(|(k, v)| (k, v.to_string())));
                 fixed.extend(idempotent());
-                &self.producer
+                ("--producer-config", self.producer.as_slice())
             }
             Role::EndOffsets { isolation } => {
                 fixed.extend([
@@ -490,7 +490,7 @@ impl Settings {
                     ("isolation.level", isolation.as_str().into()),
                     ("enable.auto.commit", "false".into()),
                 ]);
-                &self.consumer
+                ("--consumer-config", self.consumer.as_slice())
             }
             Role::AuditReader { isolation } => {
                 fixed.extend([
@@ -499,7 +499,7 @@ impl Settings {
                     ("enable.partition.eof", "true".into()),
                     ("isolation.level", isolation.as_str().into()),
                 ]);
-                &self.consumer
+                ("--consumer-config", self.consumer.as_slice())
             }
             Role::Restore => {
                 fixed.extend([
@@ -514,11 +514,11 @@ impl Settings {
                     // this long (500 ms by default, per partition restored).
                     ("fetch.wait.max.ms", "10".into()),
                 ]);
-                &self.consumer
+                ("--consumer-config", self.consumer.as_slice())
             }
             Role::Admin => {
                 fixed.push(("client.id", format!("{}-admin", self.client_id)));
-                &self.producer
+                ("--producer-config", self.producer.as_slice())
             }
             Role::GroupOffsets { group } => {
                 fixed.extend([
@@ -529,7 +529,7 @@ impl Settings {
                         Isolation::ReadUncommitted.as_str().into(),
                     ),
                 ]);
-                &self.consumer
+                ("--consumer-config", self.consumer.as_slice())
             }
         };
         (defaults, user, fixed)
@@ -548,14 +548,6 @@ impl Role<'_> {
             Role::Restore => "the state changelog's reader",
             Role::Admin => "the admin client",
             Role::GroupOffsets { .. } => "the reader of the group's offsets",
-        }
-    }
-
-    /// The option of the user's settings for this client.
-    fn user_flag(&self) -> &'static str {
-        match self {
-            Role::Transactional { .. } | Role::Idempotent | Role::Admin => "--producer-config",
-            _ => "--consumer-config",
         }
     }
 }
@@ -579,7 +571,10 @@ impl std::fmt::Display for Origin {
             Origin::Default(flag) => write!(f, "exactly's default ({flag} overrides it)"),
             Origin::File(path) => write!(f, "--kafka-config-file {}", path.display()),
             Origin::Flag(flag) => f.write_str(flag),
-            Origin::Fixed => f.write_str("exactly, for this client"),
+            Origin::Fixed => f.write_str(
+                "exactly's own options for this client (--bootstrap-servers, --group-id, \
+                 --transactional-id, …)",
+            ),
         }
     }
 }
@@ -613,11 +608,6 @@ impl Client {
         self.origins.insert(key.to_string(), origin);
     }
 
-    /// The settings, for librdkafka.
-    pub fn config(&self) -> &ClientConfig {
-        &self.config
-    }
-
     /// Creates the client.
     pub fn create<T: FromClientConfig>(&self) -> Result<T, NotCreated> {
         self.config.create().map_err(|e| self.not_created(&e))
@@ -641,10 +631,14 @@ impl Client {
             KafkaError::ClientCreation(message) => message.clone(),
             other => other.to_string(),
         };
-        for key in self.origins.keys().filter(|k| is_secret(k)) {
-            if let Some(value) = self.config.get(key).filter(|v| !v.is_empty()) {
-                said = said.replace(value, REDACTED);
-            }
+        // The longest first: a secret inside another is not left half shown.
+        let mut secrets: Vec<&str> = (self.origins.keys())
+            .filter(|k| is_secret(k))
+            .filter_map(|k| self.config.get(k).filter(|v| !v.is_empty()))
+            .collect();
+        secrets.sort_by_key(|v| std::cmp::Reverse(v.len()));
+        for value in secrets {
+            said = said.replace(value, REDACTED);
         }
         let named: Vec<String> = match e {
             KafkaError::ClientConfig(_, _, key, _) => vec![key.clone()],

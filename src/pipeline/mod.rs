@@ -56,8 +56,8 @@ pub enum Interrupt {
     /// This consumer is finished (fenced, or it cannot rewind): a new one starts from the
     /// committed offsets, with the same producer.
     ReplaceConsumer(String),
-    /// Another consumer joined with this one's `group.instance.id` (KIP-345): a consumer to
-    /// replace, unless this process is the newcomer ([`YIELD_WITHIN`]).
+    /// A consumer joined with this one's `group.instance.id` (KIP-345): a consumer to replace,
+    /// unless it happened twice within [`YIELD_WITHIN`].
     InstanceFenced(String),
     /// Stop the process.
     Fail(Error),
@@ -126,7 +126,7 @@ pub fn run(
         "exactly running"
     );
     let mut replacements = 0u32;
-    let joined = Instant::now();
+    let mut fenced_at: Option<Instant> = None;
     loop {
         let consumer = subscribe(config, session.clone(), positions.clone(), metrics.clone())?;
         let commits = consumer.context().session().commits();
@@ -134,12 +134,20 @@ pub fn run(
         let result = run_loop(&consumer, &health, &shutdown);
         health.set_ready(false);
         let result = match result {
-            Err(Interrupt::InstanceFenced(why)) if joined.elapsed() < YIELD_WITHIN => {
-                Err(Error::InstanceClash(clash(config, &why, joined.elapsed())))
-            }
-            Err(Interrupt::ReplaceConsumer(why) | Interrupt::InstanceFenced(why))
-                if !shutdown.is_cancelled() =>
+            Err(Interrupt::InstanceFenced(why))
+                if fenced_at.is_some_and(|at| at.elapsed() < YIELD_WITHIN) =>
             {
+                let apart = fenced_at.map(|at| at.elapsed()).unwrap_or_default();
+                Err(Error::InstanceClash(clash(config, &why, apart)))
+            }
+            Err(Interrupt::InstanceFenced(why)) if !shutdown.is_cancelled() => {
+                fenced_at = Some(Instant::now());
+                let progressed = consumer.context().session().commits() > commits;
+                replacements = replacements_after(replacements, progressed);
+                replace(consumer, &why, replacements);
+                continue;
+            }
+            Err(Interrupt::ReplaceConsumer(why)) if !shutdown.is_cancelled() => {
                 let progressed = consumer.context().session().commits() > commits;
                 replacements = replacements_after(replacements, progressed);
                 replace(consumer, &why, replacements);
@@ -157,24 +165,24 @@ pub fn run(
     }
 }
 
-/// A process whose consumer is fenced by another with its `group.instance.id` this soon after
-/// its first joined is the newcomer of two processes running one instance: it yields (exit 5),
-/// and the other replaces its own fenced consumer and runs on, instead of the two fencing each
-/// other in turn for ever. The other's fencing comes at its next heartbeat after the
-/// newcomer's join, and the newcomer's at its own after the other's rejoin: seconds, well
-/// within this. A process that ran longer replaces its consumer, which fences the newcomer.
+/// Two processes of one instance (static members with one `group.instance.id`) fence each
+/// other's consumer in turn: each join fences the other, whose replacement fences this one
+/// again, seconds apart (a heartbeat, a rejoin). A process whose consumer is fenced a second
+/// time this soon after the first yields (exit 5), and the other runs on. librdkafka also
+/// fences a lone member by its own rejoin (after a session timeout, librdkafka#3437, or a
+/// broker restart): once, which only replaces the consumer.
 pub const YIELD_WITHIN: Duration = Duration::from_secs(30);
 
-/// The error of a newcomer that yields, `after` its first join.
-fn clash(config: &Config, why: &str, after: Duration) -> String {
+/// The error of a process that yields, fenced `apart` after the previous time.
+fn clash(config: &Config, why: &str, apart: Duration) -> String {
     let group = &config.group;
     format!(
         "another process runs instance '{}' of group '{}' (on another host: this host's claim \
-         held): it fenced this process's consumer {:.1}s after it joined ({why}); leaving it \
-         the instance. Give each process its own --instance-id",
+         held): it fenced this process's consumer again {:.1}s after the last time ({why}); \
+         leaving it the instance. Give each process its own --instance-id",
         group.instance_id,
         group.group_id,
-        after.as_secs_f64()
+        apart.as_secs_f64()
     )
 }
 
@@ -378,8 +386,9 @@ fn consumer_error(e: KafkaError, fatal: Option<RDKafkaErrorCode>) -> Result<(), 
         {
             Err(Interrupt::InstanceFenced(e.to_string()))
         }
-        // A fatal consumer error means this consumer instance is done, most often a static
-        // member fenced by its own rejoin after a session timeout (librdkafka#3437). The
+        // A fatal consumer error means this consumer instance is done. Fenced by its
+        // group.instance.id (by its own rejoin after a session timeout, librdkafka#3437, or by
+        // another process of the instance): the loop decides, see YIELD_WITHIN. Otherwise the
         // pipeline replaces it; anything unrecoverable (authorization) still exits.
         KafkaError::MessageConsumptionFatal(_) if !exit => {
             Err(Interrupt::ReplaceConsumer(e.to_string()))

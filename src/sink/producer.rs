@@ -50,8 +50,15 @@ impl Connection {
     ) -> Result<(), NotConnected> {
         self.refused = None;
         let refusal = Arc::new(Refusal::default());
-        let producer = TrackedProducer::create(&self.client, refusal.clone())
-            .map_err(|e| NotConnected::Exit(e.into()))?;
+        // At start-up a client librdkafka refuses is a bad option; later the same settings
+        // were taken before, and a file they name may be mid-rotation: retry.
+        let producer = TrackedProducer::create(&self.client, refusal.clone()).map_err(|e| {
+            if self.producer.is_none() {
+                NotConnected::Exit(e.into())
+            } else {
+                NotConnected::Retry(e.to_string())
+            }
+        })?;
         if let Err(e) = producer.reach_cluster(&self.probe, timeout, &refusal) {
             self.refused = refusal.get();
             return Err(self.not_connected("reaching the cluster", e));
@@ -192,7 +199,7 @@ impl ProducerContext for DeliveryContext {
 }
 
 impl TrackedProducer {
-    /// A producer with `config` (not yet transactional: see `init_transactions`).
+    /// A producer of `client` (not yet transactional: see `init_transactions`).
     pub fn create(client: &Client, refusal: Arc<Refusal>) -> Result<TrackedProducer, NotCreated> {
         let context = DeliveryContext {
             refusal,

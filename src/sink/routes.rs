@@ -93,7 +93,7 @@ impl Routes {
 
     /// Whether `topic` is a route (not the output or dead-letter topic).
     pub fn is_route(&self, topic: &str) -> bool {
-        !self.fixed.iter().any(|f| f == topic)
+        self.fixed_role(topic).is_none()
     }
 
     /// A unit begins at `now`: what was sent, taken or refused in earlier ones is no longer

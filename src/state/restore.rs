@@ -15,7 +15,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
-use crate::kafka::{Isolation, Role, Settings};
+use crate::kafka::{Isolation, NotCreated, Role, Settings};
 
 /// What a read hands each record to: its offset, key and value.
 pub type Each<'e> = dyn FnMut(i64, Option<&[u8]>, Option<&[u8]>) + 'e;
@@ -93,13 +93,8 @@ impl KafkaChangelog {
         topic: &str,
         bound: Duration,
         shutdown: CancellationToken,
-    ) -> Result<KafkaChangelog, String> {
-        let create = |role| {
-            kafka
-                .client(role)
-                .create::<BaseConsumer>()
-                .map_err(|e| e.to_string())
-        };
+    ) -> Result<KafkaChangelog, NotCreated> {
+        let create = |role| kafka.client(role).create::<BaseConsumer>();
         Ok(KafkaChangelog {
             topic: topic.to_string(),
             reader: create(Role::Restore)?,

@@ -10,7 +10,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, Top
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::RDKafkaErrorCode;
 
-use crate::kafka::{Role, Settings};
+use crate::kafka::{NotCreated, Role, Settings};
 
 /// What the changelog must be.
 #[derive(Clone, Debug)]
@@ -23,18 +23,19 @@ pub struct Wanted<'a> {
     pub retention: Duration,
 }
 
-/// Creates the changelog if it is missing, then checks it. An error names `flag` and says
+/// The admin client [`ensure`] asks.
+pub fn admin(kafka: &Settings) -> Result<AdminClient<DefaultClientContext>, NotCreated> {
+    kafka.client(Role::Admin).create()
+}
+
+/// Creates the changelog if it is missing, then checks it, through `admin`. An error says
 /// what is wrong (a wrong partition count, a policy that would delete keys too early), or why
 /// the cluster could not be asked.
 pub async fn ensure(
-    kafka: &Settings,
+    admin: &AdminClient<DefaultClientContext>,
     wanted: &Wanted<'_>,
     timeout: Duration,
 ) -> Result<(), String> {
-    let admin: AdminClient<DefaultClientContext> = kafka
-        .client(Role::Admin)
-        .create()
-        .map_err(|e| e.to_string())?;
     // All topics: asking for one by name may create it with the broker's defaults.
     let partitions = |admin: &AdminClient<DefaultClientContext>, name: &str| {
         let md = admin
@@ -46,10 +47,10 @@ pub async fn ensure(
             (t.partitions().len(), replicas)
         }))
     };
-    let (input_partitions, replicas) = partitions(&admin, wanted.input)?
+    let (input_partitions, replicas) = partitions(admin, wanted.input)?
         .ok_or_else(|| format!("the input topic '{}' does not exist", wanted.input))?;
     let opts = AdminOptions::new().operation_timeout(Some(timeout));
-    if partitions(&admin, wanted.changelog)?.is_none() {
+    if partitions(admin, wanted.changelog)?.is_none() {
         let retention = wanted.retention.as_millis().to_string();
         let topic = NewTopic::new(
             wanted.changelog,
@@ -80,7 +81,7 @@ pub async fn ensure(
     // A topic just created takes a moment to reach every broker's metadata.
     let listed_by = std::time::Instant::now() + timeout;
     let have = loop {
-        match partitions(&admin, wanted.changelog)? {
+        match partitions(admin, wanted.changelog)? {
             Some((have, _)) => break have,
             None if std::time::Instant::now() < listed_by => {
                 tokio::time::sleep(Duration::from_millis(100)).await
