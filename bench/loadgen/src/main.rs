@@ -4,7 +4,6 @@
 //!
 //! Every command prints one JSON object on stdout.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand};
@@ -89,10 +88,10 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         delay_ms: u64,
     },
-    /// Wait until `group` has committed the end of `topic`; time it from the first commit
-    /// (steady: the process's start and group join excluded) and from this command's start
-    /// (whole: started right after the system under test), and read the CPU time and peak RSS
-    /// of `pid` at the first commit and at the end.
+    /// Wait until `group` has committed the end of `topic` (several: comma-separated); time it
+    /// from the first commit (steady: the process's start and group join excluded) and from
+    /// this command's start (whole: started right after the system under test), and read the
+    /// CPU time and peak RSS of `pid` at the first commit and at the end.
     Drain {
         #[arg(long)]
         topic: String,
@@ -363,25 +362,23 @@ fn usage(pid: u32) -> Option<(f64, u64)> {
     Some((ticks as f64 / 100.0, hwm))
 }
 
-fn drain(bootstrap: &str, topic: &str, group: &str, pid: u32, timeout: u64) {
+fn drain(bootstrap: &str, topics: &str, group: &str, pid: u32, timeout: u64) {
     let launched = Instant::now();
     let watcher = consumer(bootstrap, "read_uncommitted", None);
-    let ps = partitions(&watcher, topic);
-    let mut ends = BTreeMap::new();
-    for p in &ps {
-        let (_, high) = watcher
-            .fetch_watermarks(topic, *p, Duration::from_secs(30))
-            .expect("watermarks");
-        ends.insert(*p, high);
+    let mut end = 0;
+    let mut tpl = TopicPartitionList::new();
+    for topic in topics.split(',') {
+        for p in partitions(&watcher, topic) {
+            let (_, high) = watcher
+                .fetch_watermarks(topic, p, Duration::from_secs(30))
+                .expect("watermarks");
+            end += high;
+            tpl.add_partition(topic, p);
+        }
     }
-    let end: i64 = ends.values().sum();
     // Not a member: only reads the group's committed offsets (read_uncommitted, so a dead
     // producer's pending offsets never block the query).
     let group_reader = consumer(bootstrap, "read_uncommitted", Some(group));
-    let mut tpl = TopicPartitionList::new();
-    for p in &ps {
-        tpl.add_partition(topic, *p);
-    }
     let started = Instant::now();
     let mut first: Option<(Instant, i64, (f64, u64))> = None;
     loop {

@@ -5,6 +5,7 @@ import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.time.Instant;
+import java.util.Arrays;
 import java.util.Properties;
 import java.util.concurrent.CountDownLatch;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
@@ -30,7 +31,7 @@ import org.apache.kafka.streams.state.Stores;
 /**
  * The benchmark's Kafka Streams peer: input to output through the same transforms as exactly.
  *
- * <p>Arguments: bootstrap input output application-id guarantee commit-interval-ms transform
+ * <p>Arguments: bootstrap input[,input…] output application-id guarantee commit-interval-ms transform
  * [producer], where guarantee is exactly_once_v2 or at_least_once, transform is passthrough or enrich
  * (parse the millisecond "ts", add "dt" (ISO-8601) and "hr" (hour of day), drop "drop": what
  * exactly's jq program `.dt = (.ts / 1000 | todate) | .hr = (.ts / 3600000 | floor % 24) |
@@ -90,7 +91,7 @@ public final class Peer {
     boolean shared = args.length == 7 || (args.length == 8 && args[7].equals("shared"));
     if (!shared && !(args.length == 8 && args[7].equals("own"))) {
       System.err.println(
-          "usage: Peer bootstrap input output application-id guarantee commit-interval-ms"
+          "usage: Peer bootstrap input[,input...] output application-id guarantee commit-interval-ms"
               + " passthrough|enrich|dedup|count [shared|own]");
       System.exit(2);
     }
@@ -133,7 +134,9 @@ public final class Peer {
 
     StreamsBuilder b = new StreamsBuilder();
     KStream<byte[], byte[]> in =
-        b.stream(args[1], Consumed.with(Serdes.ByteArray(), Serdes.ByteArray()));
+        b.stream(
+            Arrays.asList(args[1].split(",")),
+            Consumed.with(Serdes.ByteArray(), Serdes.ByteArray()));
     KStream<byte[], byte[]> out;
     if (args[6].equals("dedup")) {
       b.addStateStore(

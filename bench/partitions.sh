@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# Scale in partitions (issue 29 §1), in one run on a broker of its own: one exactly instance
+# (exactly-once, 100 ms commits, passthrough) and Kafka Streams (exactly_once_v2, 100 ms, one
+# thread) drain the same number of preloaded ~100 B records from 6, 100 and 1,000 partitions,
+# and from 10,000 (10 input topics of 1,000; the output has 1,000); the output has as many
+# partitions as the input otherwise. Then exactly at 1,000 partitions again with one core kept
+# busy by another program (a shell loop), and the end-to-end p99 at 6 and at 1,000 partitions
+# under an open-loop load of half exactly's 6-partition rate.
+#
+#   bench/partitions.sh [records]     (default 1,000,000; PARTS="6 100 1000 10000",
+#                                      SYSTEMS="exactly kstreams", LATENCY=1, BUSY=1)
+#
+# Results: one JSON object per line in bench/results/partitions.jsonl, and the table on stdout.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+repo=$PWD
+count=${1:-1000000}
+parts_list=${PARTS:-6 100 1000 10000}
+systems=${SYSTEMS:-exactly kstreams}
+
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
+cargo build -q --release -p exactly
+mvn -q -B -f bench/peers/kstreams/pom.xml package -DskipTests
+bin="$repo/target/release/exactly"
+peer_cp="$repo/bench/peers/kstreams/target/classes:$repo/bench/peers/kstreams/target/lib/*"
+export BENCH_LINGER_MS=5 BENCH_BATCH_SIZE=262144 BENCH_COMPRESSION=none
+out=bench/results/partitions.jsonl
+mkdir -p bench/results
+: >"$out"
+log() { echo "partitions: $*" >&2; }
+pid= busy=
+# Replaces lib.sh's trap: ends what runs here too, then the broker, on any exit.
+trap '[ -z "$busy" ] || kill "$busy" 2>/dev/null || true
+  [ -z "$pid" ] || kill -TERM "$pid" 2>/dev/null || true
+  [ -z "$app" ] || kill "$app" 2>/dev/null || true
+  scripts/kafka.sh stop >&2 || true' EXIT
+metrics_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+# A drain's JSON with exactly's transactions from /metrics: how many, their mean commit time
+# (offsets, flush, EndTxn) and mean records.
+with_transactions() { # json
+  python3 - "$1" "$metrics_port" <<'PY'
+import json, sys, urllib.request
+r = json.loads(sys.argv[1])
+try:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[2]}/metrics", timeout=5).read().decode()
+    m = {l.split()[0]: float(l.split()[1]) for l in text.splitlines() if l and not l.startswith("#") and "{" not in l}
+    n = m.get("exactly_transaction_commit_duration_seconds_count", 0)
+    r["transactions"] = n
+    r["commit_ms_mean"] = 1000 * m.get("exactly_transaction_commit_duration_seconds_sum", 0) / max(n, 1)
+    r["records_per_transaction"] = m.get("exactly_transaction_records_sum", 0) / max(m.get("exactly_transaction_records_count", 0), 1)
+except OSError:
+    pass
+print(json.dumps(r))
+PY
+}
+
+mktopic() { # name partitions
+  scripts/kafka.sh tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$bootstrap" \
+    --create --topic "$1" --partitions "$2" --replication-factor 1 >/dev/null
+}
+record() { # kind system partitions json
+  printf '{"kind":"%s","system":"%s","partitions":%s,"result":%s}\n' "$1" "$2" "$3" "$4" >>"$out"
+  log "$1 $2 $3: $(cut -c1-220 <<<"$4")"
+}
+
+# Starts a system in the background on inputs (comma-separated) and output; sets $pid.
+start() { # system inputs output group
+  case "$1" in
+    exactly)
+      "$bin" run --bootstrap-servers "$bootstrap" --input-topics "$2" --output-topic "$3" \
+        --group-id "$4" --instance-id "$4" --on-error skip --log-level warn \
+        --http-addr "127.0.0.1:$metrics_port" \
+        --commit-interval 100ms --producer-config "linger.ms=$BENCH_LINGER_MS" \
+        --producer-config "batch.size=$BENCH_BATCH_SIZE" \
+        --producer-config "compression.type=$BENCH_COMPRESSION" 2>>"$EXACTLY_KAFKA_DIR/sut.log" &
+      ;;
+    kstreams)
+      java -Xmx2g -cp "$peer_cp" exactly.bench.Peer "$bootstrap" "$2" "$3" "$4" \
+        exactly_once_v2 100 passthrough shared 2>>"$EXACTLY_KAFKA_DIR/sut.log" &
+      ;;
+  esac
+  pid=$!
+}
+drain() { # inputs group: the drain's JSON, or {"failed":…} (timed out after 15 minutes, or
+  # loadgen failed: its error is in .kafka-bench/sut.log)
+  "${loadgen[@]}" drain --topic "$1" --group "$2" --pid "$pid" --timeout-seconds 900 \
+    2>>"$EXACTLY_KAFKA_DIR/sut.log" || echo '{"failed":"the drain failed or timed out (sut.log)"}'
+}
+stop() {
+  kill -TERM "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  pid=
+}
+
+run=0
+for parts in $parts_list; do
+  # 10,000: ten input topics of 1,000 partitions (one topic of 10,000 is rare, and slow to
+  # create on one broker).
+  topics=1 per=$parts
+  if [ "$parts" -gt 1000 ]; then topics=$((parts / 1000)) per=1000; fi
+  inputs=()
+  for t in $(seq 1 "$topics"); do
+    inputs+=("p$parts-in-$t")
+    mktopic "p$parts-in-$t" "$per"
+    "${loadgen[@]}" preload --topic "p$parts-in-$t" --count $((count / topics)) --size 100 >/dev/null
+  done
+  input_list=$(IFS=,; echo "${inputs[*]}")
+  log "$parts partitions: $count records preloaded into $topics topic(s) of $per"
+  for system in $systems; do
+    run=$((run + 1))
+    mktopic "p$parts-out-$run" "$per"
+    start "$system" "$input_list" "p$parts-out-$run" "p-$run"
+    result=$(drain "$input_list" "p-$run")
+    if [ "$system" = exactly ]; then result=$(with_transactions "$result"); fi
+    stop
+    record drain "$system" "$parts" "$result"
+  done
+  if [ "$parts" = 1000 ] && [ "${BUSY:-1}" = 1 ] && [[ " $systems " == *" exactly "* ]]; then
+    # One core kept busy by another program for the whole drain.
+    run=$((run + 1))
+    mktopic "p$parts-out-$run" "$per"
+    (while :; do :; done) &
+    busy=$!
+    start exactly "$input_list" "p$parts-out-$run" "p-$run"
+    result=$(with_transactions "$(drain "$input_list" "p-$run")")
+    stop
+    kill "$busy"
+    busy=
+    record busy exactly "$parts" "$result"
+  fi
+done
+
+if [ "${LATENCY:-1}" = 1 ]; then
+  rate=$(python3 - "$out" <<'PY'
+import json, sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    if r["kind"] == "drain" and r["system"] == "exactly" and r["partitions"] == 6:
+        print(int(r["result"].get("records_per_second", 20000) / 2))
+        break
+else:
+    print(20000)
+PY
+)
+  for parts in 6 1000; do
+    run=$((run + 1))
+    mktopic "lat-in-$run" "$parts"
+    mktopic "lat-out-$run" "$parts"
+    start exactly "lat-in-$run" "lat-out-$run" "p-$run"
+    sleep 8 # join the group before the clock starts
+    "${loadgen[@]}" check --topic "lat-out-$run" --warmup-seconds 10 --idle-seconds 10 \
+      >"$EXACTLY_KAFKA_DIR/check.json" &
+    checker=$!
+    log "latency: $parts partitions at $rate/s for 40 s"
+    gen=$("${loadgen[@]}" generate --topic "lat-in-$run" --rate "$rate" --seconds 40)
+    wait "$checker"
+    stop
+    record latency exactly "$parts" "{\"rate\":$rate,\"generator\":$gen,\"checker\":$(cat "$EXACTLY_KAFKA_DIR/check.json")}"
+  done
+fi
+
+python3 - "$out" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+def get(kind, system, parts):
+    for r in rows:
+        if (r["kind"], r["system"], r["partitions"]) == (kind, system, parts):
+            return r["result"]
+six = (get("drain", "exactly", 6) or {}).get("records_per_second")
+print("| partitions | exactly records/s | ÷ its 6-partition figure | peak RSS MB | Kafka Streams records/s | its peak RSS MB | exactly ÷ Kafka Streams |")
+print("|---:|---:|---:|---:|---:|---:|---:|")
+def cell(v, row=None, f="{:,.0f}"):
+    if v is not None:
+        return f.format(v)
+    return "failed" if row and row.get("failed") else "–"
+for parts in sorted({r["partitions"] for r in rows if r["kind"] == "drain"}):
+    e, k = get("drain", "exactly", parts) or {}, get("drain", "kstreams", parts) or {}
+    er, kr = e.get("records_per_second"), k.get("records_per_second")
+    rss = lambda r: r["peak_rss_kb"] / 1024 if "peak_rss_kb" in r else None
+    print(f"| {parts:,} | {cell(er, e)} | {cell(er / six if er and six else None, e, '{:.2f}')} | "
+          f"{cell(rss(e), e)} | {cell(kr, k)} | {cell(rss(k), k)} | "
+          f"{cell(er / kr if er and kr else None, None, '{:.2f}')} |")
+print("\n| partitions | exactly's transactions | mean commit ms (offsets, flush, EndTxn) | mean records per transaction |")
+print("|---:|---:|---:|---:|")
+for parts in sorted({r["partitions"] for r in rows if r["kind"] == "drain"}):
+    e = get("drain", "exactly", parts) or {}
+    if "transactions" in e:
+        print(f"| {parts:,} | {e['transactions']:,.0f} | {e['commit_ms_mean']:.1f} | {e['records_per_transaction']:,.0f} |")
+busy, quiet = get("busy", "exactly", 1000), get("drain", "exactly", 1000)
+if busy and quiet and busy.get("records_per_second") and quiet.get("records_per_second"):
+    print(f"\n1,000 partitions with one core busy: {busy['records_per_second']:,.0f} records/s, "
+          f"{busy['records_per_second'] / quiet['records_per_second']:.2f} of the quiet figure")
+for parts in (6, 1000):
+    lat = get("latency", "exactly", parts)
+    if lat:
+        c = lat["checker"]
+        print(f"latency at {parts:,} partitions, {lat['rate']:,}/s: p50 {c.get('p50_ms')} ms, "
+              f"p99 {c.get('p99_ms')} ms, missing {c.get('missing_below_max')}, duplicates {c.get('duplicates')}")
+PY
