@@ -133,21 +133,21 @@ pub fn run(
         health.set_ready(true);
         let result = run_loop(&consumer, &health, &shutdown);
         health.set_ready(false);
+        // Fenced by its instance id: again this soon after the last time, it yields.
+        let mut again = None;
+        if let Err(Interrupt::InstanceFenced(_)) = &result {
+            again = fenced_at
+                .map(|at| at.elapsed())
+                .filter(|t| *t < YIELD_WITHIN);
+            fenced_at = Some(Instant::now());
+        }
         let result = match result {
-            Err(Interrupt::InstanceFenced(why))
-                if fenced_at.is_some_and(|at| at.elapsed() < YIELD_WITHIN) =>
+            Err(Interrupt::InstanceFenced(why)) if again.is_some() => Err(Error::InstanceClash(
+                clash(config, &why, again.unwrap_or_default()),
+            )),
+            Err(Interrupt::ReplaceConsumer(why) | Interrupt::InstanceFenced(why))
+                if !shutdown.is_cancelled() =>
             {
-                let apart = fenced_at.map(|at| at.elapsed()).unwrap_or_default();
-                Err(Error::InstanceClash(clash(config, &why, apart)))
-            }
-            Err(Interrupt::InstanceFenced(why)) if !shutdown.is_cancelled() => {
-                fenced_at = Some(Instant::now());
-                let progressed = consumer.context().session().commits() > commits;
-                replacements = replacements_after(replacements, progressed);
-                replace(consumer, &why, replacements);
-                continue;
-            }
-            Err(Interrupt::ReplaceConsumer(why)) if !shutdown.is_cancelled() => {
                 let progressed = consumer.context().session().commits() > commits;
                 replacements = replacements_after(replacements, progressed);
                 replace(consumer, &why, replacements);
