@@ -9,8 +9,13 @@ use std::time::{Duration, Instant};
 use common::*;
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    exactly(&[&["run"], args].concat(), env)
+}
+
+/// `exactly` with `args` (a subcommand first): its exit code and stderr.
+fn exactly(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_exactly"));
-    cmd.arg("run").args(args);
+    cmd.args(args);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -110,41 +115,14 @@ fn settings_librdkafka_refuses_name_the_client_and_the_option_that_holds_them() 
     )
     .unwrap();
     let file = file.to_str().unwrap();
-    let exactly = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_exactly"))
-            .args(args)
-            .output()
-            .expect("run exactly");
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        (out.status.code(), err)
+    let with = |cmd: &[&str], extra: &[&str]| -> Vec<String> {
+        cmd.iter().chain(extra).map(|s| s.to_string()).collect()
     };
-    let with = |cmd: &[&'static str], extra: &[&str]| -> Vec<String> {
-        let mut all: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
-        all.extend(extra.iter().map(|s| s.to_string()));
-        all
-    };
-    let run: Vec<&str> = std::iter::once("run").chain(OK.iter().copied()).collect();
-    let offsets = [
-        "offsets",
-        "show",
-        "--bootstrap-servers",
-        "127.0.0.1:9",
-        "--input-topics",
-        "in",
-        "--group-id",
-        "g",
-    ];
-    let audit = [
-        "audit",
-        "--bootstrap-servers",
-        "127.0.0.1:9",
-        "--input-topics",
-        "in",
-        "--output-topic",
-        "out",
-        "--group-id",
-        "g",
-    ];
+    // The connection and group options `run` takes, which `offsets show` and `audit` share.
+    let (connection, output) = (&OK[..4], &OK[4..6]);
+    let run = [&["run"], OK].concat();
+    let offsets = [&["offsets", "show"], connection, &OK[6..8]].concat();
+    let audit = [&["audit"], connection, output, &OK[6..8]].concat();
     let from_file = format!("ssl.certificate.location is from --kafka-config-file {file}");
     let cases = [
         (
@@ -171,7 +149,7 @@ fn settings_librdkafka_refuses_name_the_client_and_the_option_that_holds_them() 
     ];
     for (args, client, option) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let (code, err) = exactly(&args);
+        let (code, err) = exactly(&args, &[]);
         assert_eq!(code, Some(2), "{args:?}: {err}");
         assert!(err.contains(client), "{args:?}: {err}");
         assert!(err.contains(&option), "{args:?}: {err}");
