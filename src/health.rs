@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use humantime::format_duration;
+use prometheus::HistogramVec;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
@@ -28,6 +29,9 @@ pub struct Health {
     /// was given a timeout (only those can be stuck for good, see [`Health::watch`]).
     call: Mutex<Option<(&'static str, Instant, bool)>>,
     ready: AtomicBool,
+    /// Where each call's time goes when it ends, if anywhere
+    /// (`exactly_blocking_call_duration_seconds`).
+    durations: Option<HistogramVec>,
 }
 
 /// Clears the current call when dropped.
@@ -35,7 +39,11 @@ pub struct InCall<'a>(&'a Health);
 
 impl Drop for InCall<'_> {
     fn drop(&mut self) {
-        *self.0.call.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let ended = self.0.call.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let (Some((name, since, _)), Some(h)) = (ended, &self.0.durations) {
+            h.with_label_values(&[name])
+                .observe(since.elapsed().as_secs_f64());
+        }
         self.0.beat();
     }
 }
@@ -47,11 +55,20 @@ impl Default for Health {
             last_beat_ms: AtomicU64::new(0),
             call: Mutex::new(None),
             ready: AtomicBool::new(false),
+            durations: None,
         }
     }
 }
 
 impl Health {
+    /// A health whose calls' durations are observed in `durations` (by call name).
+    pub fn timed(durations: HistogramVec) -> Health {
+        Health {
+            durations: Some(durations),
+            ..Health::default()
+        }
+    }
+
     /// The loop is alive now.
     pub fn beat(&self) {
         let ms = self.epoch.elapsed().as_millis() as u64;
@@ -387,6 +404,25 @@ mod tests {
             h.stuck_in_call_at(Instant::now() + Duration::from_secs(30), bound),
             None
         );
+    }
+
+    #[test]
+    fn each_call_is_timed_under_its_name_when_it_ends() {
+        let m = Metrics::new();
+        let h = Health::timed(m.blocking_call_duration.clone());
+        let count = |name| {
+            m.blocking_call_duration
+                .with_label_values(&[name])
+                .get_sample_count()
+        };
+        let g = h.in_kafka_call("flush");
+        assert_eq!(count("flush"), 0, "observed only when the call ends");
+        std::thread::sleep(Duration::from_millis(20));
+        drop(g);
+        drop(h.in_call("commit_transaction"));
+        assert_eq!((count("flush"), count("commit_transaction")), (1, 1));
+        let flush = m.blocking_call_duration.with_label_values(&["flush"]);
+        assert!(flush.get_sample_sum() >= 0.02, "{}", flush.get_sample_sum());
     }
 
     #[test]

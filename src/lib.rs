@@ -187,7 +187,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
             pipeline::Intake::Direct(dedup_intake(&config, dedup, &metrics, &shutdown).await?)
         }
     };
-    let health = Arc::new(Health::default());
+    let health = Arc::new(Health::timed(metrics.blocking_call_duration.clone()));
     let stop_watching = CancellationToken::new();
     let bound = config.loop_bound();
     metrics

@@ -9,9 +9,15 @@ use std::sync::{Arc, Mutex};
 
 use prometheus::core::Collector;
 use prometheus::{
-    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry,
+    Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
 };
+
+/// Buckets of the histograms of a call's duration (the application's, the loop's blocking
+/// calls): half a millisecond to half a minute.
+const CALL_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 30.0,
+];
 
 /// Every metric exactly exports.
 #[derive(Clone)]
@@ -52,6 +58,9 @@ pub struct Metrics {
     pub kafka_call_waiting: Gauge,
     /// `--stuck-call-timeout`: a librdkafka call inside that long ends the process (exit 4).
     pub stuck_call_timeout: Gauge,
+    /// Time the loop spent inside each blocking call it names (librdkafka's transaction
+    /// calls, flushes, database commits), by call: the phases of a commit.
+    pub blocking_call_duration: HistogramVec,
     /// Last stable offset minus the next offset to process, per owned partition.
     pub consumer_lag: IntGaugeVec,
     /// High watermark minus last stable offset, per owned partition.
@@ -261,6 +270,20 @@ impl Metrics {
                 "stuck_call_timeout_seconds",
                 "--stuck-call-timeout: past it inside one librdkafka call, exactly exits 4.",
             ),
+            blocking_call_duration: {
+                let h = HistogramVec::new(
+                    HistogramOpts::new(
+                        "blocking_call_duration_seconds",
+                        "Time the loop spent inside a blocking call, by call: \
+                         send_offsets_to_transaction, flush, commit_transaction and the others.",
+                    )
+                    .buckets(CALL_BUCKETS.to_vec()),
+                    &["call"],
+                )
+                .expect("metric");
+                register(Box::new(h.clone()), "histogram");
+                h
+            },
             consumer_lag: gauge_vec(
                 "consumer_lag_records",
                 "Last stable offset minus the next offset to process, per owned partition.",
@@ -293,10 +316,7 @@ impl Metrics {
             call_duration: histogram(
                 "call_duration_seconds",
                 "From sending a batch to the application to its decoded answer.",
-                vec![
-                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-                    10.0, 30.0,
-                ],
+                CALL_BUCKETS.to_vec(),
             ),
             call_records: histogram(
                 "call_records",

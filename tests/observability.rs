@@ -146,13 +146,21 @@ fn counters_reconcile_with_the_topics_and_readiness_follows_shutdown() {
     assert_eq!(metric(&text, "exactly_assigned_partitions", &[]), 2.0);
     assert_eq!(metric(&text, "exactly_ready", &[]), 1.0);
     assert!(metric(&text, "exactly_last_commit_timestamp_seconds", &[]) > 1.7e9);
-    assert!(
-        metric(
-            &text,
-            "exactly_transaction_commit_duration_seconds_count",
-            &[]
-        ) >= 1.0
+    let commits = metric(
+        &text,
+        "exactly_transaction_commit_duration_seconds_count",
+        &[],
     );
+    assert!(commits >= 1.0);
+    // Each commit's phases are timed by call (a retry is a call of its own).
+    for call in ["send_offsets_to_transaction", "flush", "commit_transaction"] {
+        let n = metric(
+            &text,
+            "exactly_blocking_call_duration_seconds_count",
+            &[("call", call)],
+        );
+        assert!(n >= commits, "{call}: {n} timed, {commits} commits");
+    }
     assert_eq!(
         metric(
             &text,
