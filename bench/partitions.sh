@@ -8,14 +8,18 @@
 # under one open-loop load: half the slower of exactly's two drains.
 #
 #   bench/partitions.sh [records]     (default 1,000,000; PARTS="6 100 1000 10000",
-#                                      SYSTEMS="exactly kstreams", LATENCY=1, BUSY=1)
+#                                      SYSTEMS="exactly kstreams", LATENCY=1, BUSY=1;
+#                                      the latency run: LATENCY_PARTS="6 1000", LATENCY_RATE
+#                                      (half the slower drain), LATENCY_SECONDS=40,
+#                                      LATENCY_WARMUP=10; EXACTLY_ARGS: more of exactly's
+#                                      flags, for experiments)
 #
 # Results: one JSON object per line in bench/results/partitions.jsonl, and the table on stdout.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 repo=$PWD
 count=${1:-1000000}
-parts_list=${PARTS:-6 100 1000 10000}
+parts_list=${PARTS-6 100 1000 10000}
 systems=${SYSTEMS:-exactly kstreams}
 
 # shellcheck source=bench/lib.sh
@@ -29,36 +33,14 @@ out=bench/results/partitions.jsonl
 mkdir -p bench/results
 : >"$out"
 log() { echo "partitions: $*" >&2; }
+# shellcheck source=bench/partitions-lib.sh
+source bench/partitions-lib.sh
 pid= busy=
 # Replaces lib.sh's trap: ends what runs here too, then the broker, on any exit.
 trap '[ -z "$busy" ] || kill "$busy" 2>/dev/null || true
   [ -z "$pid" ] || kill -TERM "$pid" 2>/dev/null || true
   [ -z "$app" ] || kill "$app" 2>/dev/null || true
   scripts/kafka.sh stop >&2 || true' EXIT
-metrics_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-# A drain's JSON with exactly's transactions from /metrics: how many, their mean commit time
-# (offsets, flush, EndTxn) and mean records.
-with_transactions() { # json
-  python3 - "$1" "$metrics_port" <<'PY'
-import json, sys, urllib.request
-r = json.loads(sys.argv[1])
-try:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[2]}/metrics", timeout=5).read().decode()
-    m = {l.split()[0]: float(l.split()[1]) for l in text.splitlines() if l and not l.startswith("#") and "{" not in l}
-    n = m.get("exactly_transaction_commit_duration_seconds_count", 0)
-    r["transactions"] = n
-    r["commit_ms_mean"] = 1000 * m.get("exactly_transaction_commit_duration_seconds_sum", 0) / max(n, 1)
-    r["records_per_transaction"] = m.get("exactly_transaction_records_sum", 0) / max(m.get("exactly_transaction_records_count", 0), 1)
-except OSError:
-    pass
-print(json.dumps(r))
-PY
-}
-
-mktopic() { # name partitions
-  scripts/kafka.sh tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$bootstrap" \
-    --create --topic "$1" --partitions "$2" --replication-factor 1 >/dev/null
-}
 record() { # kind system partitions json
   printf '{"kind":"%s","system":"%s","partitions":%s,"result":%s}\n' "$1" "$2" "$3" "$4" >>"$out"
   log "$1 $2 $3: $(cut -c1-220 <<<"$4")"
@@ -73,7 +55,8 @@ start() { # system inputs output group
         --http-addr "127.0.0.1:$metrics_port" \
         --commit-interval 100ms --producer-config "linger.ms=$BENCH_LINGER_MS" \
         --producer-config "batch.size=$BENCH_BATCH_SIZE" \
-        --producer-config "compression.type=$BENCH_COMPRESSION" 2>>"$EXACTLY_KAFKA_DIR/sut.log" &
+        --producer-config "compression.type=$BENCH_COMPRESSION" ${EXACTLY_ARGS:-} \
+        2>>"$EXACTLY_KAFKA_DIR/sut.log" &
       ;;
     kstreams)
       java -Xmx2g -cp "$peer_cp" exactly.bench.Peer "$bootstrap" "$2" "$3" "$4" \
@@ -111,7 +94,8 @@ for parts in $parts_list; do
     run=$((run + 1))
     mktopic "p$parts-out-$run" "$per"
     start "$system" "$input_list" "p$parts-out-$run" "p-$run"
-    result=$(drain "$input_list" "p-$run")
+    since=$(broker_cpu)
+    result=$(with_broker_cpu "$(drain "$input_list" "p-$run")" "$since")
     if [ "$system" = exactly ]; then result=$(with_transactions "$result"); fi
     stop
     record drain "$system" "$parts" "$result"
@@ -123,7 +107,8 @@ for parts in $parts_list; do
     (while :; do :; done) &
     busy=$!
     start exactly "$input_list" "p$parts-out-$run" "p-$run"
-    result=$(with_transactions "$(drain "$input_list" "p-$run")")
+    since=$(broker_cpu)
+    result=$(with_transactions "$(with_broker_cpu "$(drain "$input_list" "p-$run")" "$since")")
     stop
     kill "$busy"
     busy=
@@ -132,7 +117,7 @@ for parts in $parts_list; do
 done
 
 if [ "${LATENCY:-1}" = 1 ]; then
-  rate=$(python3 - "$out" <<'PY'
+  rate=${LATENCY_RATE:-$(python3 - "$out" <<'PY'
 import json, sys
 # Half the slower of exactly's drains at 6 and 1,000 partitions: a load both keep up with.
 rates = [json.loads(l)["result"].get("records_per_second") for l in open(sys.argv[1])
@@ -140,21 +125,30 @@ rates = [json.loads(l)["result"].get("records_per_second") for l in open(sys.arg
 rates = [r for r in rates if r]
 print(int(min(rates) / 2) if rates else 20000)
 PY
-)
-  for parts in 6 1000; do
+)}
+  seconds=${LATENCY_SECONDS:-40} warmup=${LATENCY_WARMUP:-10}
+  for parts in ${LATENCY_PARTS:-6 1000}; do
     run=$((run + 1))
     mktopic "lat-in-$run" "$parts"
     mktopic "lat-out-$run" "$parts"
     start exactly "lat-in-$run" "lat-out-$run" "p-$run"
     sleep 8 # join the group before the clock starts
-    "${loadgen[@]}" check --topic "lat-out-$run" --warmup-seconds 10 --idle-seconds 10 \
+    if ! kill -0 "$pid" 2>/dev/null; then
+      record latency exactly "$parts" '{"failed":"exactly exited before the load (sut.log)"}'
+      pid=
+      continue
+    fi
+    "${loadgen[@]}" check --topic "lat-out-$run" --warmup-seconds "$warmup" --idle-seconds 10 \
       >"$EXACTLY_KAFKA_DIR/check.json" &
     checker=$!
-    log "latency: $parts partitions at $rate/s for 40 s"
-    gen=$("${loadgen[@]}" generate --topic "lat-in-$run" --rate "$rate" --seconds 40)
+    log "latency: $parts partitions at $rate/s for $seconds s (the first $warmup s not measured)"
+    since=$(broker_cpu)
+    gen=$("${loadgen[@]}" generate --topic "lat-in-$run" --rate "$rate" --seconds "$seconds")
+    gen=$(with_broker_cpu "$gen" "$since")
     wait "$checker"
+    own=$(with_transactions '{}')
     stop
-    record latency exactly "$parts" "{\"rate\":$rate,\"generator\":$gen,\"checker\":$(cat "$EXACTLY_KAFKA_DIR/check.json")}"
+    record latency exactly "$parts" "{\"rate\":$rate,\"generator\":$gen,\"checker\":$(cat "$EXACTLY_KAFKA_DIR/check.json"),\"exactly\":$own}"
   done
 fi
 
