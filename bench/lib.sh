@@ -1,9 +1,8 @@
-# Shared by bench/compare.sh, bench/sweep.sh, bench/latency.sh and bench/partitions.sh
-# (sourced from the repo root, with $repo set): a fresh broker of the benchmark's own, stopped
-# on exit; $bootstrap; the loadgen command in $loadgen; topic NAME (6 partitions, or
+# Shared by bench/compare.sh, bench/sweep.sh, bench/latency.sh, bench/partitions.sh and
+# bench/probe.sh (sourced from the repo root, with $repo set): a fresh broker of the benchmark's
+# own, stopped on exit; $bootstrap; the loadgen command in $loadgen; topic NAME (6 partitions, or
 # $SWEEP_PARTITIONS, which every script sourcing this file honours); start_app DELAY_MS (the
-# call-out's application, stopped on exit: $app, $app_port); and the jq enrichment of
-# bench/run.sh.
+# call-out's application, stopped on exit: $app, $app_port); and the jq enrichment of bench/run.sh.
 jq_program='.dt = (.ts / 1000 | todate) | .hr = (.ts / 3600000 | floor % 24) | del(.drop)'
 
 export EXACTLY_KAFKA_DIR="$repo/.kafka-bench"

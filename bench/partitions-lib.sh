@@ -25,14 +25,16 @@ try:
     r["call_ms_mean"] = {c: round(1000 * v.get("sum", 0) / max(v.get("count", 0), 1), 1)
                          for c, v in calls.items() if v.get("count")}
     # exactly's own share of the end-to-end latency (commit time minus the input's
-    # timestamp): the upper bound of the bucket holding each quantile.
+    # timestamp): the upper bound of the bucket holding each quantile (meaningful under an
+    # open-loop load, not for a drain of preloaded records).
     buckets = sorted((float(l.split('le="')[1].split('"')[0]), float(l.rsplit(" ", 1)[1]))
                      for l in text.splitlines()
                      if l.startswith("exactly_end_to_end_latency_seconds_bucket"))
     total = buckets[-1][1] if buckets else 0
     for q in (0.5, 0.99):
-        if total:
-            r[f"exactly_e2e_p{int(q * 100)}_le_ms"] = 1000 * next(le for le, n in buckets if n >= q * total)
+        le = next((le for le, n in buckets if n >= q * total), None) if total else None
+        if le is not None and le != float("inf"):
+            r[f"exactly_e2e_p{int(q * 100)}_le_ms"] = 1000 * le
 except OSError:
     pass
 print(json.dumps(r))
@@ -54,7 +56,8 @@ mktopic() { # name partitions
   if [ -n "${TOPIC_CONFIG:-}" ]; then config=(--config "$TOPIC_CONFIG"); fi
   "${tool[@]}" --create --topic "$1" --partitions "$2" --replication-factor 1 "${config[@]}" >/dev/null
   for _ in $(seq 1 30); do
-    if "${tool[@]}" --describe --topic "$1" 2>/dev/null | grep -q "PartitionCount: $2\b"; then
+    # Not grep -q: under pipefail, the describe killed by SIGPIPE would read as a miss.
+    if "${tool[@]}" --describe --topic "$1" 2>/dev/null | grep "PartitionCount: $2\b" >/dev/null; then
       return 0
     fi
     sleep 1

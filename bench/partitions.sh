@@ -41,8 +41,13 @@ trap '[ -z "$busy" ] || kill "$busy" 2>/dev/null || true
   [ -z "$pid" ] || kill -TERM "$pid" 2>/dev/null || true
   [ -z "$app" ] || kill "$app" 2>/dev/null || true
   scripts/kafka.sh stop >&2 || true' EXIT
-record() { # kind system partitions json
-  printf '{"kind":"%s","system":"%s","partitions":%s,"result":%s}\n' "$1" "$2" "$3" "$4" >>"$out"
+record() { # kind system partitions json: one row, with the settings a run was narrowed by
+  python3 -c 'import json, sys
+k, s, p, r, args, topic = sys.argv[1:]
+row = {"kind": k, "system": s, "partitions": int(p), "result": json.loads(r)}
+if args: row["exactly_args"] = args
+if topic: row["topic_config"] = topic
+print(json.dumps(row, separators=(",", ":")))' "$1" "$2" "$3" "$4" "${EXACTLY_ARGS:-}" "${TOPIC_CONFIG:-}" >>"$out"
   log "$1 $2 $3: $(cut -c1-220 <<<"$4")"
 }
 

@@ -5,7 +5,9 @@
 # broker's CPU seconds, the transactions with the commit's phases (mean ms per blocking call:
 # send_offsets_to_transaction, flush, commit_transaction). Every drain reads the same input
 # under a new group; OUT_SAME=1 writes every drain into the first one's output topic (written
-# once already, as a running sidecar's is), else each into a topic just created.
+# once already, as a running sidecar's is), else each into a topic just created. exactly runs
+# with its shipped producer defaults (librdkafka's batch.size of 1 MB; bench/partitions.sh
+# sets 256 KB, as the other comparisons do).
 #
 #   bench/probe.sh PARTITIONS 'label|exactly flags' ...     (COUNT=1000000, OUT_SAME=)
 #   bench/probe.sh 1000 'first|' 'base|' 'ci300|--commit-interval 300ms'
@@ -29,6 +31,7 @@ mktopic in "$parts"
 n=0
 for spec in "$@"; do
   label=${spec%%|*} flags=${spec#*|} n=$((n + 1)) output=out$n
+  if [[ "$spec" != *"|"* ]]; then flags=; fi
   if [ -n "${OUT_SAME:-}" ]; then output=out1; fi
   if [ "$output" = "out$n" ]; then mktopic "$output" "$parts"; fi
   interval=(--commit-interval 100ms)
@@ -43,7 +46,7 @@ for spec in "$@"; do
   result=$("${loadgen[@]}" drain --topic in --group "g$n" --pid "$pid" --timeout-seconds 600 \
     2>>"$EXACTLY_KAFKA_DIR/sut.log" || echo '{"failed":"the drain failed or timed out (sut.log)"}')
   result=$(with_transactions "$(with_broker_cpu "$result" "$since")")
-  kill -TERM "$pid"
+  kill -TERM "$pid" 2>/dev/null || true
   wait "$pid" || true
   pid=
   python3 -c 'import json, sys; r = json.loads(sys.argv[2]); r["label"] = sys.argv[1]; print(json.dumps(r))' \
