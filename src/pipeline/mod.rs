@@ -141,11 +141,11 @@ pub fn run(
                 .filter(|t| *t < YIELD_WITHIN);
             fenced_at = Some(Instant::now());
         }
-        let result = match result {
-            Err(Interrupt::InstanceFenced(why)) if again.is_some() => Err(Error::InstanceClash(
-                clash(config, &why, again.unwrap_or_default()),
-            )),
-            Err(Interrupt::ReplaceConsumer(why) | Interrupt::InstanceFenced(why))
+        let result = match (result, again) {
+            (Err(Interrupt::InstanceFenced(why)), Some(apart)) => {
+                Err(Error::InstanceClash(clash(config, &why, apart)))
+            }
+            (Err(Interrupt::ReplaceConsumer(why) | Interrupt::InstanceFenced(why)), _)
                 if !shutdown.is_cancelled() =>
             {
                 let progressed = consumer.context().session().commits() > commits;
@@ -154,11 +154,11 @@ pub fn run(
                 continue;
             }
             // Shutting down with a finished consumer: nothing of the open unit commits.
-            Err(Interrupt::ReplaceConsumer(why) | Interrupt::InstanceFenced(why)) => Err(
+            (Err(Interrupt::ReplaceConsumer(why) | Interrupt::InstanceFenced(why)), _) => Err(
                 Error::Stopped(format!("consumer fenced while shutting down: {why}")),
             ),
-            Err(Interrupt::Fail(e)) => Err(e),
-            Ok(()) => Ok(()),
+            (Err(Interrupt::Fail(e)), _) => Err(e),
+            (Ok(()), _) => Ok(()),
         };
         let leave = config.group.unsubscribes_to_leave();
         return stop(consumer, result, config.shutdown_grace, leave);
