@@ -43,6 +43,11 @@ impl Backoff {
         Backoff { free, first, max }
     }
 
+    /// Pauses for [`Backoff::after`] `failures` ([`crate::clock::pause`]).
+    pub fn wait(self, failures: u32) {
+        crate::clock::pause(self.after(failures));
+    }
+
     /// The pause after `failures` failures in a row.
     pub fn after(self, failures: u32) -> Duration {
         if failures <= self.free {

@@ -20,7 +20,7 @@ use crate::headers::{self, LINEAGE};
 use crate::records;
 pub use crate::transform::OwnedRecord as Rec;
 use crate::transform::call::{self, Answer, Application};
-use crate::transform::{Failure, InputRecord, Limits, OutputRecord, Transform};
+use crate::transform::{Failure, Fate, InputRecord, Limits, OutputRecord, Transform};
 
 /// `exactly audit`: 0 clean, 1 anomalies, 2 bad options, 3 could not complete.
 pub fn command(args: crate::config::AuditArgs) -> u8 {
@@ -382,17 +382,11 @@ impl Replay {
         !matches!(self, Replay::Lineage)
     }
 
-    /// What `input` becomes in the replay.
+    /// What `input` becomes in the replay; [`Replay::settle`] says what the pipeline made of it.
     fn outputs<'a>(&mut self, input: &InputRecord<'a>) -> Result<Vec<OutputRecord<'a>>, Failure> {
         match self {
             Replay::Lineage => Err(Failure::Unavailable("no replay".into())),
-            Replay::Transform(t) => {
-                let outputs = t.apply(input);
-                // Each record its own unit: what a stateful transform decided is committed
-                // (and what it holds stays bounded: closed windows go).
-                t.committed();
-                outputs
-            }
+            Replay::Transform(t) => t.apply(input),
             Replay::Answers { answers, limits } => {
                 let id = (input.topic.to_string(), input.partition, input.offset);
                 match answers.remove(&id) {
@@ -403,6 +397,18 @@ impl Replay {
                     ))),
                 }
             }
+        }
+    }
+}
+
+impl Replay {
+    /// What became of the input last replayed, as the pipeline's writer decided it: a
+    /// stateful transform keeps only what went out. Each record is its own unit: what it
+    /// decided is committed (and what it holds stays bounded: closed windows go).
+    fn settle(&mut self, fate: Fate) {
+        if let Replay::Transform(t) = self {
+            t.decided(fate);
+            t.committed();
         }
     }
 }
@@ -600,7 +606,13 @@ fn expect(
     if replay.replays() {
         // What came before the range, for the state it leaves (whatever it became).
         for input in &history.earlier {
-            let _ = replay.outputs(&input.as_input());
+            let input = input.as_input();
+            let outs = records::outputs(&input, replay.outputs(&input), true, max_message_bytes);
+            let id = (input.topic.to_string(), input.partition, input.offset);
+            replay.settle(fate(
+                &outs,
+                on_error == OnError::Dlq && rejected.contains(&id),
+            ));
         }
     }
     for input in &history.inputs {
@@ -614,7 +626,12 @@ fn expect(
         }
         let record = input.as_input();
         let outs = replay.outputs(&record);
-        match records::outputs(&record, outs, true, max_message_bytes) {
+        let outs = records::outputs(&record, outs, true, max_message_bytes);
+        replay.settle(fate(
+            &outs,
+            on_error == OnError::Dlq && rejected.contains(&id),
+        ));
+        match outs {
             Ok(_) if on_error == OnError::Dlq && rejected.contains(&id) => {
                 e.dlq.insert(id);
             }
@@ -640,6 +657,16 @@ fn expect(
         }
     }
     e
+}
+
+/// What the pipeline's writer made of a record the replay made `outs` of: it went out,
+/// unless it is a bad record or its output was `refused` (its dead-letter copy went instead).
+fn fate<T>(outs: &Result<T, Failure>, refused: bool) -> Fate {
+    if outs.is_ok() && !refused {
+        Fate::Sent
+    } else {
+        Fate::Refused
+    }
 }
 
 /// Whether an output's lineage names an input of the audited range.
@@ -1162,6 +1189,22 @@ mod tests {
 
     fn check_with(h: &History, mut replay: Replay) -> Report {
         analyze(h, &mut replay, OnError::Dlq, "out", 1_000_000)
+    }
+
+    /// The first b's output was refused by the broker (its dead-letter copy stands in): the
+    /// replay keeps nothing of it, as the pipeline does, so the second b is the first out.
+    #[test]
+    fn a_dedup_replay_keeps_nothing_of_an_input_whose_output_was_refused() {
+        let (mut h, replay) = deduplicated();
+        h.outputs = vec![passed(0, 3), passed(1, 4)];
+        let mut d = output(0, 0, "in/0/1/0", "b");
+        d.topic = "out.dlq".into();
+        d.headers
+            .push((headers::ERROR_REASON.into(), Some(REJECTED[0].into())));
+        h.dlq.push(d);
+        let r = check_with(&h, replay);
+        assert_eq!(r.anomalies(), 0, "{}", r.summary());
+        assert_eq!((r.rejected_by_broker, r.expected_outputs), (1, 2));
     }
 
     #[test]

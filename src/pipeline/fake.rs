@@ -70,7 +70,8 @@ pub struct Broker {
     pub calls: Vec<Call>,
     /// Commits to fail (abortable) before one goes through.
     pub fail_commits: u32,
-    /// Commits fenced (the producer must be replaced) before one goes through.
+    /// Commits that take effect and are then answered "fenced" (a retried EndTxn meeting a
+    /// newer epoch): the producer must be replaced, the outcome is unknown.
     pub fence_commits: u32,
     /// Commits whose outcome is reported unknown: the first `commit_unknown` of them took
     /// effect, the next `commit_unknown_lost` did not.
@@ -287,25 +288,28 @@ impl Sink for FakeSink {
             let source = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
             return Err(Failed::exit("sending offsets", source));
         }
-        if b.fence_commits > 0 {
-            b.fence_commits -= 1;
-            b.open.clear();
-            return Err(Failed::Recreate(AbortReason::CommitFenced));
-        }
+
         if b.fail_commits > 0 || !b.refused.is_empty() {
             b.fail_commits = b.fail_commits.saturating_sub(1);
             return Err(Failed::Abort(AbortReason::CommitFailed));
         }
         if b.commit_unknown_lost > 0 && b.commit_unknown == 0 {
             b.commit_unknown_lost -= 1;
-            return Err(Failed::Abort(AbortReason::CommitOutcomeUnknown));
+            return Err(Failed::unknown());
         }
         let open = std::mem::take(&mut b.open);
         b.outputs.extend(open);
         b.committed.extend(offsets);
+        if b.fence_commits > 0 {
+            b.fence_commits -= 1;
+            return Err(Failed::Unknown {
+                reason: AbortReason::CommitFenced,
+                recreate: true,
+            });
+        }
         if b.commit_unknown > 0 {
             b.commit_unknown -= 1;
-            return Err(Failed::Abort(AbortReason::CommitOutcomeUnknown));
+            return Err(Failed::unknown());
         }
         Ok(())
     }

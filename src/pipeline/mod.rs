@@ -204,7 +204,7 @@ fn replace(consumer: PipelineConsumer, why: &str, replacements: u32) {
     );
     let pause = Backoff::CONSUMER.after(replacements);
     error!(error = %why, ?pause, "consumer fenced; replacing it");
-    std::thread::sleep(pause);
+    crate::clock::pause(pause);
 }
 
 /// The loop ended with `result`: commit what is open (or abandon it on an error), then leave

@@ -200,7 +200,7 @@ fn committed(
         warn!(error = %why, "reading committed offsets failed; retrying");
         failures += 1;
         let pause = Backoff::READ_COMMITTED.after(failures);
-        std::thread::sleep(pause.min(give_up.saturating_duration_since(Instant::now())));
+        crate::clock::pause(pause.min(give_up.saturating_duration_since(Instant::now())));
     }
 }
 

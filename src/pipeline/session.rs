@@ -143,7 +143,10 @@ impl Session {
             return Ok(self.next_poll());
         }
         match (&mut self.intake, record) {
-            (Intake::Direct(t), Some(r)) => self.writer.write(r, || t.apply(r))?,
+            (Intake::Direct(t), Some(r)) => {
+                let fate = self.writer.write(r, || t.apply(r))?;
+                t.decided(fate);
+            }
             (Intake::Staged(stage), Some(r)) => stage.push(r),
             (_, None) => {}
         }
@@ -350,10 +353,7 @@ impl Session {
         };
         self.writer.driver.resolve(&committed);
         self.writer.driver.rewound();
-        let pause = Backoff::ABORTS.after(self.writer.driver.failures_in_a_row());
-        if !pause.is_zero() {
-            std::thread::sleep(pause);
-        }
+        Backoff::ABORTS.wait(self.writer.driver.failures_in_a_row());
         Ok(())
     }
 

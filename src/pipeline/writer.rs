@@ -22,7 +22,7 @@ use crate::records::{self, Outgoing};
 use crate::sink::rejected::{Form, Source, Verdict};
 use crate::sink::routes::Routes;
 use crate::sink::{Began, Consumed, Driver, SendError};
-use crate::transform::{Failure, InputRecord, OutputRecord, Reason, Refuser, TransformError};
+use crate::transform::{Failure, Fate, InputRecord, OutputRecord, Reason, Refuser, TransformError};
 
 /// What the record path must know.
 pub struct Policy {
@@ -79,14 +79,15 @@ impl Writer {
     }
 
     /// Writes `input` as `outputs` makes it, once a unit is open (`outputs` is not asked when
-    /// none can be: the record comes again after the rewind).
+    /// none can be: the record comes again after the rewind). What became of it: only
+    /// [`Fate::Sent`] lets the transform keep what it decided for it.
     pub fn write<'a>(
         &mut self,
         input: &InputRecord<'a>,
         outputs: impl FnOnce() -> Result<Vec<OutputRecord<'a>>, Failure>,
-    ) -> Result<(), Error> {
+    ) -> Result<Fate, Error> {
         if self.driver.begin()? == Began::RewindOwed {
-            return Ok(());
+            return Ok(Fate::Refused);
         }
         let verdict = self
             .driver
@@ -95,10 +96,15 @@ impl Writer {
         let result = match records::outputs(input, outputs(), lineage, max) {
             Ok(outputs) => Ok(outputs),
             Err(Failure::BadRecord(e)) => Err(e),
-            Err(Failure::Unavailable(why)) => return self.unavailable(&why),
+            Err(Failure::Unavailable(why)) => {
+                self.unavailable(&why)?;
+                return Ok(Fate::Refused);
+            }
         };
         let verdict = verdict.and_then(|v| self.still_holds(v, &result));
         let result = result.and_then(|outputs| self.routable(outputs));
+        // Its outputs go out, unless a verdict sends its dead-letter copy instead.
+        let goes = result.is_ok() && !matches!(verdict, Some(Verdict::Rejected { .. }));
         if self.unavailable {
             self.unavailable = false;
             // Not ready again from the moment shutdown began.
@@ -125,7 +131,13 @@ impl Writer {
                 self.rejected(input, result, error, copy, alone)?
             }
         };
-        self.count(input, sent)
+        let fate = if goes && sent.is_ok() {
+            Fate::Sent
+        } else {
+            Fate::Refused
+        };
+        self.count(input, sent)?;
+        Ok(fate)
     }
 
     /// Sends records of the open unit's own, of no input (what the transform must write

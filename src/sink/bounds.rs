@@ -84,7 +84,7 @@ impl Bounds {
                 Action::Retry if tries < MAX_RETRIES && !self.past_deadline() => {
                     tries += 1;
                     debug!(error = %e, tries, "{name}: retrying");
-                    std::thread::sleep(Backoff::KAFKA_CALL.after(tries));
+                    Backoff::KAFKA_CALL.wait(tries);
                 }
                 action => return Err((action, e)),
             }

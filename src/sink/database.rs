@@ -338,7 +338,7 @@ impl Database {
             Ok(()) if self.lose_answer() => {
                 warn!("--test-lose-db-commit-answers: the COMMIT's answer is lost");
                 self.db = None;
-                Err(Failed::Abort(AbortReason::CommitOutcomeUnknown))
+                Err(Failed::unknown())
             }
             Ok(()) => {
                 let (rows, took) = (rows.len() as u64, began.elapsed());
@@ -357,7 +357,7 @@ impl Database {
                 }
                 .emit(&self.metrics);
                 self.db = None;
-                Err(Failed::Abort(AbortReason::CommitOutcomeUnknown))
+                Err(Failed::unknown())
             }
             Err(f) if f.is_data() && !self.immediate => {
                 warn!(error = %f, "the COMMIT was refused for its data (a deferred constraint); \

@@ -159,7 +159,9 @@ impl Driver {
                 return Ok(Began::Open);
             }
             Err(Failed::Exit(e)) => return Err(e),
-            Err(Failed::Recreate(reason) | Failed::Abort(reason)) => reason,
+            Err(
+                Failed::Recreate(reason) | Failed::Abort(reason) | Failed::Unknown { reason, .. },
+            ) => reason,
             Err(Failed::TooLarge | Failed::Unroutable { .. }) => AbortReason::BeginFailed,
         };
         self.failures += 1;
@@ -219,7 +221,8 @@ impl Driver {
                 self.rejections.too_large(source);
                 Err(SendError::TooLarge)
             }
-            Err(Failed::Abort(reason)) => self.aborted(reason),
+            // Nothing is committed by a send.
+            Err(Failed::Abort(reason) | Failed::Unknown { reason, .. }) => self.aborted(reason),
             Err(Failed::Recreate(reason)) => {
                 self.fail_recreate(reason).map_err(SendError::Fatal)?;
                 Err(SendError::Aborted)
@@ -270,9 +273,13 @@ impl Driver {
                 Denial::Unsaid => Err(e),
             },
             Err(Failed::Exit(e)) => Err(e),
-            Err(Failed::Abort(AbortReason::CommitOutcomeUnknown)) => {
-                self.set_aside(offsets, started);
-                self.abort(AbortReason::CommitOutcomeUnknown)?;
+            Err(Failed::Unknown { reason, recreate }) => {
+                self.set_aside(offsets, started, reason);
+                if recreate {
+                    self.fail_recreate(reason)?;
+                } else {
+                    self.abort(reason)?;
+                }
                 Ok(Outcome::Aborted)
             }
             Err(Failed::Abort(reason)) => {
@@ -451,7 +458,7 @@ impl Driver {
                 ?pause,
                 "claiming the assigned partitions failed; retrying"
             );
-            std::thread::sleep(pause);
+            crate::clock::pause(pause);
         }
     }
 

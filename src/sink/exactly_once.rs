@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::producer::Producer;
 use tracing::warn;
 
@@ -103,117 +104,17 @@ impl Sink for ExactlyOnce {
         self.p().stale()
     }
 
-    /// Offsets first, then EndTxn.
     fn commit(
         &mut self,
         offsets: &[(Tp, i64)],
         group: &dyn Group,
         bounds: &Bounds,
     ) -> Result<(), Failed> {
-        // A commit without a generation or member id is not fenced by the group: a member that
-        // lost its partitions could commit theirs.
-        let member = group.member();
-        let (Some(gm), true) = (
-            group.metadata(),
-            member.as_ref().is_some_and(|m| m.joined()),
-        ) else {
-            warn!(?member, "no group membership to commit with; aborting");
-            return Err(Failed::Abort(AbortReason::NoGroupMetadata));
-        };
-        let offsets = kafka::offset_list(offsets)
-            .map_err(|e| Failed::exit("building the offsets to commit", e))?;
-        let p = self.p();
-        let sent = bounds.retry(KafkaCall::SendOffsets, "send_offsets_to_transaction", |t| {
-            p.inner().send_offsets_to_transaction(&offsets, &gm, t)
-        });
-        if let Err((action, e)) = sent {
-            stale_if_timed_out(p, &e);
-            return Err(match action {
-                Action::Exit => Failed::exit("sending offsets", e),
-                Action::RecreateProducer | Action::UnknownOutcome => {
-                    warn!(error = %e, "send_offsets_to_transaction failed; recreating the producer");
-                    Failed::Recreate(AbortReason::SendOffsetsFenced)
-                }
-                Action::Retry | Action::Abort => {
-                    warn!(error = %e, "send_offsets_to_transaction failed; aborting");
-                    Failed::Abort(AbortReason::SendOffsetsFailed)
-                }
-            });
-        }
-
-        // commit_transaction flushes too, but through rust-rdkafka's slow flush; after this one
-        // it finds nothing left. A flush that fails (a whole call timeout without every
-        // delivery) ends the transaction here: commit_transaction would wait as long again.
-        let flushed = {
-            let _g = bounds.health.in_kafka_call("flush");
-            p.flush(bounds.timeout())
-        };
-        if let Err(e) = flushed {
-            stale_if_timed_out(p, &e);
-            return Err(match classify(KafkaCall::Commit, &Facts::of(&e)) {
-                Action::Exit => Failed::exit("flushing before the commit", e),
-                Action::RecreateProducer => {
-                    warn!(error = %e, "flush before the commit: producer fenced; recreating it");
-                    Failed::Recreate(AbortReason::CommitFenced)
-                }
-                _ => {
-                    warn!(error = %e, "flush before the commit failed; aborting");
-                    Failed::Abort(AbortReason::CommitFailed)
-                }
-            });
-        }
-        let committed = bounds.retry(KafkaCall::Commit, "commit_transaction", |t| {
-            p.inner().commit_transaction(t)
-        });
-        let Err((action, e)) = committed else {
-            return Ok(());
-        };
-        stale_if_timed_out(p, &e);
-        Err(match action {
-            Action::Exit => Failed::exit("committing", e),
-            Action::Abort => {
-                warn!(error = %e, "commit_transaction failed; aborting");
-                Failed::Abort(AbortReason::CommitFailed)
-            }
-            Action::RecreateProducer => {
-                warn!(error = %e, "commit_transaction: producer fenced; recreating it");
-                Failed::Recreate(AbortReason::CommitFenced)
-            }
-            Action::Retry | Action::UnknownOutcome => {
-                // The commit may have happened. Abort if librdkafka still allows it, else a
-                // new producer's init_transactions settles it; either way the rewind reads
-                // what the broker holds as committed.
-                warn!(error = %e, "commit outcome unknown; aborting or recreating, then \
-                                   rewinding to the broker's committed offsets");
-                Failed::Abort(AbortReason::CommitOutcomeUnknown)
-            }
-        })
+        commit(self.p(), offsets, group, bounds)
     }
 
-    /// A failed abort asks for a new producer, whose init_transactions aborts it on the broker.
     fn abort(&mut self, reason: AbortReason, bounds: &Bounds) -> Result<(), Failed> {
-        let p = self.p();
-        {
-            // librdkafka#4849: an abort racing a partition registration that the coordinator
-            // refused (CONCURRENT_TRANSACTIONS right after a commit) sends EndTxn for a
-            // transaction the coordinator does not have, and INVALID_TXN_STATE is fatal. A
-            // record is only delivered once its partition is registered, so waiting for the
-            // deliveries first closes the window (queued records were purged already if the
-            // transaction failed). Bounded: an unreachable broker is the recreate path's.
-            let _g = bounds.health.in_kafka_call("flush");
-            let _ = p.flush(bounds.timeout().min(Duration::from_secs(5)));
-        }
-        let aborted = bounds.retry(KafkaCall::Abort, "abort_transaction", |t| {
-            p.inner().abort_transaction(t)
-        });
-        match aborted {
-            Ok(()) => Ok(()),
-            Err((Action::Exit, e)) => Err(Failed::exit("aborting", e)),
-            Err((_, e)) => {
-                warn!(error = %e, reason = reason.as_str(), "abort_transaction failed; recreating the producer");
-                Err(Failed::Recreate(reason))
-            }
-        }
+        abort(self.p(), reason, bounds)
     }
 
     fn claim(&mut self, _: &[Tp], _: &dyn Group, _: &Bounds) -> Result<Starts, Failed> {
@@ -229,12 +130,215 @@ impl Sink for ExactlyOnce {
     }
 }
 
+/// The calls of a Kafka transaction that [`commit`] and [`abort`] make, in the order they
+/// make them: librdkafka's transactional producer, or the simulator's model of a broker
+/// (`crate::sim`), which runs the same orderings.
+pub trait Transaction {
+    /// Waits until every record sent in the open transaction is acknowledged.
+    fn flush(&self, timeout: Duration) -> KafkaResult<()>;
+    /// Adds the group's `offsets` to the transaction, as a commit of `group`'s member now:
+    /// fenced by its generation (KIP-447).
+    fn send_offsets(
+        &self,
+        offsets: &[(Tp, i64)],
+        group: &dyn Group,
+        timeout: Duration,
+    ) -> KafkaResult<()>;
+    /// Ends the transaction with a commit (EndTxn).
+    fn commit(&self, timeout: Duration) -> KafkaResult<()>;
+    /// Ends it with an abort.
+    fn abort(&self, timeout: Duration) -> KafkaResult<()>;
+    /// A request of the producer timed out and may still reach the coordinator later: no
+    /// other transaction may run on its epoch (see `Sink::stale`).
+    fn timed_out(&self);
+}
+
+impl Transaction for TrackedProducer {
+    fn flush(&self, timeout: Duration) -> KafkaResult<()> {
+        TrackedProducer::flush(self, timeout)
+    }
+
+    fn send_offsets(
+        &self,
+        offsets: &[(Tp, i64)],
+        group: &dyn Group,
+        timeout: Duration,
+    ) -> KafkaResult<()> {
+        // A joined member has its group's metadata: both come from the same consumer.
+        let gm = group
+            .metadata()
+            .ok_or(KafkaError::ConsumerCommit(RDKafkaErrorCode::State))?;
+        let offsets = kafka::offset_list(offsets)?;
+        self.inner()
+            .send_offsets_to_transaction(&offsets, &gm, timeout)
+    }
+
+    fn commit(&self, timeout: Duration) -> KafkaResult<()> {
+        self.inner().commit_transaction(timeout)
+    }
+
+    fn abort(&self, timeout: Duration) -> KafkaResult<()> {
+        self.inner().abort_transaction(timeout)
+    }
+
+    fn timed_out(&self) {
+        TrackedProducer::timed_out(self)
+    }
+}
+
+/// Commits the open transaction of `t` with the group's `offsets`: every record acknowledged
+/// first, then the offsets, then EndTxn.
+///
+/// Every record first: once the offsets are in the transaction, a new owner's offset fetch
+/// waits for it to end (KIP-447), and must then find all of its records on the broker. An owner
+/// frozen between the two (a VM pause, SIGSTOP) whose session expired would otherwise deliver
+/// its changelog records after the new owner restored the partition without them, and its
+/// EndTxn, which no generation fences, would commit them.
+pub fn commit(
+    t: &impl Transaction,
+    offsets: &[(Tp, i64)],
+    group: &dyn Group,
+    bounds: &Bounds,
+) -> Result<(), Failed> {
+    // A commit without a generation or member id is not fenced by the group: a member that
+    // lost its partitions could commit theirs.
+    let member = group.member();
+    if !member.as_ref().is_some_and(|m| m.joined()) {
+        warn!(?member, "no group membership to commit with; aborting");
+        return Err(Failed::Abort(AbortReason::NoGroupMetadata));
+    }
+    flush(t, bounds)?;
+    send_offsets(t, offsets, group, bounds)?;
+    end(t, bounds)
+}
+
+/// Waits for every record of the transaction. (commit_transaction's own flush goes through
+/// rust-rdkafka's slow one: after this, it finds nothing left.) A flush that fails (a whole
+/// call timeout without every delivery) ends the transaction here: commit_transaction would
+/// wait as long again.
+fn flush(t: &impl Transaction, bounds: &Bounds) -> Result<(), Failed> {
+    let flushed = {
+        let _g = bounds.health.in_kafka_call("flush");
+        t.flush(bounds.timeout())
+    };
+    let Err(e) = flushed else {
+        return Ok(());
+    };
+    stale_if_timed_out(t, &e);
+    Err(match classify(KafkaCall::Commit, &Facts::of(&e)) {
+        Action::Exit => Failed::exit("flushing before the commit", e),
+        Action::RecreateProducer => {
+            warn!(error = %e, "flush before the commit: producer fenced; recreating it");
+            Failed::Recreate(AbortReason::CommitFenced)
+        }
+        _ => {
+            warn!(error = %e, "flush before the commit failed; aborting");
+            Failed::Abort(AbortReason::CommitFailed)
+        }
+    })
+}
+
+/// Adds the group's `offsets` to the transaction.
+fn send_offsets(
+    t: &impl Transaction,
+    offsets: &[(Tp, i64)],
+    group: &dyn Group,
+    bounds: &Bounds,
+) -> Result<(), Failed> {
+    let sent = bounds.retry(
+        KafkaCall::SendOffsets,
+        "send_offsets_to_transaction",
+        |timeout| t.send_offsets(offsets, group, timeout),
+    );
+    let Err((action, e)) = sent else {
+        return Ok(());
+    };
+    stale_if_timed_out(t, &e);
+    Err(match action {
+        Action::Exit => Failed::exit("sending offsets", e),
+        Action::RecreateProducer | Action::UnknownOutcome => {
+            warn!(error = %e, "send_offsets_to_transaction failed; recreating the producer");
+            Failed::Recreate(AbortReason::SendOffsetsFenced)
+        }
+        Action::Retry | Action::Abort => {
+            warn!(error = %e, "send_offsets_to_transaction failed; aborting");
+            Failed::Abort(AbortReason::SendOffsetsFailed)
+        }
+    })
+}
+
+/// EndTxn. An answer that does not say it committed says nothing of whether it did, unless
+/// the transaction is certainly abortable.
+fn end(t: &impl Transaction, bounds: &Bounds) -> Result<(), Failed> {
+    let committed = bounds.retry(KafkaCall::Commit, "commit_transaction", |timeout| {
+        t.commit(timeout)
+    });
+    let Err((action, e)) = committed else {
+        return Ok(());
+    };
+    stale_if_timed_out(t, &e);
+    Err(match action {
+        Action::Exit => Failed::exit("committing", e),
+        Action::Abort => {
+            warn!(error = %e, "commit_transaction failed; aborting");
+            Failed::Abort(AbortReason::CommitFailed)
+        }
+        Action::RecreateProducer => {
+            // librdkafka retries an EndTxn whose answer it did not get: the first may have
+            // committed before a newer epoch fenced the retry.
+            warn!(error = %e, "commit_transaction: producer fenced, the commit's outcome is \
+                               unknown; recreating it, then reading the committed offsets");
+            Failed::Unknown {
+                reason: AbortReason::CommitFenced,
+                recreate: true,
+            }
+        }
+        Action::Retry | Action::UnknownOutcome => {
+            // The commit may have happened. Abort if librdkafka still allows it, else a
+            // new producer's init_transactions settles it; either way the rewind reads
+            // what the broker holds as committed.
+            warn!(error = %e, "commit outcome unknown; aborting or recreating, then \
+                               rewinding to the broker's committed offsets");
+            Failed::Unknown {
+                reason: AbortReason::CommitOutcomeUnknown,
+                recreate: false,
+            }
+        }
+    })
+}
+
+/// Aborts the open transaction of `t`. A failed abort asks for a new producer, whose
+/// init_transactions aborts it on the broker.
+pub fn abort(t: &impl Transaction, reason: AbortReason, bounds: &Bounds) -> Result<(), Failed> {
+    {
+        // librdkafka#4849: an abort racing a partition registration that the coordinator
+        // refused (CONCURRENT_TRANSACTIONS right after a commit) sends EndTxn for a
+        // transaction the coordinator does not have, and INVALID_TXN_STATE is fatal. A
+        // record is only delivered once its partition is registered, so waiting for the
+        // deliveries first closes the window (queued records were purged already if the
+        // transaction failed). Bounded: an unreachable broker is the recreate path's.
+        let _g = bounds.health.in_kafka_call("flush");
+        let _ = t.flush(bounds.timeout().min(Duration::from_secs(5)));
+    }
+    let aborted = bounds.retry(KafkaCall::Abort, "abort_transaction", |timeout| {
+        t.abort(timeout)
+    });
+    match aborted {
+        Ok(()) => Ok(()),
+        Err((Action::Exit, e)) => Err(Failed::exit("aborting", e)),
+        Err((_, e)) => {
+            warn!(error = %e, reason = reason.as_str(), "abort_transaction failed; recreating the producer");
+            Err(Failed::Recreate(reason))
+        }
+    }
+}
+
 /// A transactional call that timed out may still reach the coordinator later: the producer
 /// must not run another transaction on its epoch (see `Sink::stale`).
-fn stale_if_timed_out(p: &TrackedProducer, e: &rdkafka::error::KafkaError) {
+fn stale_if_timed_out(t: &impl Transaction, e: &KafkaError) {
     if crate::error::timed_out(&Facts::of(e)) {
         warn!(error = %e, "a transactional request timed out; the producer is replaced before the next transaction");
-        p.timed_out();
+        t.timed_out();
     }
 }
 
@@ -245,6 +349,76 @@ mod tests {
     use super::*;
     use crate::config::Guarantee;
     use crate::health::Health;
+
+    /// A transaction that records the calls made of it.
+    #[derive(Default)]
+    struct Recorded(std::cell::RefCell<Vec<&'static str>>);
+
+    impl Transaction for Recorded {
+        fn flush(&self, _: Duration) -> KafkaResult<()> {
+            self.0.borrow_mut().push("flush");
+            Ok(())
+        }
+        fn send_offsets(&self, _: &[(Tp, i64)], _: &dyn Group, _: Duration) -> KafkaResult<()> {
+            self.0.borrow_mut().push("send_offsets");
+            Ok(())
+        }
+        fn commit(&self, _: Duration) -> KafkaResult<()> {
+            self.0.borrow_mut().push("commit");
+            Ok(())
+        }
+        fn abort(&self, _: Duration) -> KafkaResult<()> {
+            self.0.borrow_mut().push("abort");
+            Ok(())
+        }
+        fn timed_out(&self) {}
+    }
+
+    /// A member of generation 3: all a commit asks of its group.
+    struct Joined;
+
+    impl Group for Joined {
+        fn metadata(&self) -> Option<rdkafka::consumer::ConsumerGroupMetadata> {
+            None
+        }
+        fn member(&self) -> Option<kafka::member::Member> {
+            let id = "m".into();
+            Some(kafka::member::Member { generation: 3, id })
+        }
+        fn commit_offsets(&self, _: &[(Tp, i64)]) -> KafkaResult<()> {
+            unreachable!()
+        }
+        fn copy_offsets(&self, _: &[(Tp, i64)]) -> KafkaResult<()> {
+            unreachable!()
+        }
+        fn committed(&self, _: &[Tp], _: Duration) -> KafkaResult<crate::sink::Committed> {
+            unreachable!()
+        }
+        fn positions(&self) -> Vec<(Tp, i64)> {
+            unreachable!()
+        }
+        fn assignment(&self) -> KafkaResult<Vec<Tp>> {
+            unreachable!()
+        }
+        fn seek(&self, _: &[(Tp, i64)], _: Duration) -> Result<(), crate::sink::SeekFailed> {
+            unreachable!()
+        }
+        fn pause(&self, _: &[Tp]) -> KafkaResult<()> {
+            unreachable!()
+        }
+    }
+
+    /// Every record of the transaction is on the broker before its offsets join it: from then
+    /// on a new owner's offset fetch waits for the transaction, and its restore must find
+    /// every changelog record of it once it ended (the simulator's seed 69 without this).
+    #[test]
+    fn a_commit_flushes_every_record_before_it_sends_the_offsets() {
+        let t = Recorded::default();
+        let bounds = Bounds::new(Arc::new(Health::default()), Duration::from_secs(1));
+        let offsets = [(("in".to_string(), 0), 7)];
+        commit(&t, &offsets, &Joined, &bounds).expect("committed");
+        assert_eq!(*t.0.borrow(), ["flush", "send_offsets", "commit"]);
+    }
 
     #[test]
     fn a_consumer_that_has_not_joined_commits_no_offsets() {

@@ -242,6 +242,15 @@ pub enum Failed {
     Abort(AbortReason),
     /// The client is fenced or broken: replace it (which ends the open unit) and rewind.
     Recreate(AbortReason),
+    /// The commit may have taken effect (its answer was lost, or a retry of it was answered
+    /// by a newer epoch): end the unit (replace the client if `recreate`, else abort), then
+    /// what is committed for its partitions tells how it ended.
+    Unknown {
+        /// Why: [`AbortReason::CommitOutcomeUnknown`] or [`AbortReason::CommitFenced`].
+        reason: AbortReason,
+        /// The client cannot abort any more (fenced): replace it.
+        recreate: bool,
+    },
     /// A record is larger than the client takes: the record's fault.
     TooLarge,
     /// The record's destination refuses it for what the destination is: it does not exist
@@ -257,6 +266,14 @@ pub enum Failed {
 }
 
 impl Failed {
+    /// A commit whose answer was lost: abort, then the committed offsets tell.
+    pub fn unknown() -> Failed {
+        Failed::Unknown {
+            reason: AbortReason::CommitOutcomeUnknown,
+            recreate: false,
+        }
+    }
+
     /// [`Failed::Exit`] with what exactly was doing.
     pub fn exit(context: &str, source: KafkaError) -> Failed {
         Failed::Exit(unrecoverable(context, source))

@@ -43,7 +43,7 @@ pub struct Unit {
 impl Unit {
     pub(super) fn new() -> Unit {
         Unit {
-            began: Instant::now(),
+            began: crate::clock::now(),
             records: 0,
             bytes: 0,
             offsets: HashMap::new(),
@@ -55,7 +55,7 @@ impl Unit {
 
     /// How long it has been open.
     pub fn age(&self) -> Duration {
-        self.began.elapsed()
+        crate::clock::now().saturating_duration_since(self.began)
     }
 
     /// Input records consumed.

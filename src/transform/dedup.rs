@@ -7,8 +7,10 @@
 //! right before the commit ([`Transform::before_commit`]) in the same transaction as the
 //! outputs and the offsets. How a unit ended moves the open layer down (and, with
 //! `--state-dir`, writes the unit's changes to the local store) or drops it. A partition
-//! assigned is restored before any of its records is decided: from the local store, then the
-//! changelog from the store's mark (everything, without a store). A restore that fails makes
+//! assigned is restored when its first record comes, before that record is decided (then
+//! its previous owner's last transaction has ended: [`Dedup::assigned`]): from the local
+//! store, then the changelog from the store's mark (everything, without a store). A record's
+//! changes wait for the writer's verdict on it ([`Transform::decided`]). A restore that fails makes
 //! the transform unavailable (the unit aborts, the loop backs off, the restore is tried
 //! again); a commit whose outcome nobody can tell restores every partition owned (its changes
 //! may or may not have committed: only the changelog knows).
@@ -20,7 +22,9 @@ use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 
 use super::jq::Jq;
-use super::{Failure, InputRecord, OutputHeaders, OutputRecord, Reason, Transform, TransformError};
+use super::{
+    Failure, Fate, InputRecord, OutputHeaders, OutputRecord, Reason, Transform, TransformError,
+};
 use crate::config::{DedupConfig, Emit, Late};
 use crate::kafka::Tp;
 use crate::metrics::Metrics;
@@ -54,6 +58,31 @@ struct Aggregate {
     emit: Emit,
 }
 
+/// What one record changes in the state, held until the writer decided its fate
+/// ([`Transform::decided`]): a record that goes to the dead-letter topic instead (its output
+/// refused, too large, routed to a topic that keeps refusing) changes nothing.
+struct Step {
+    tp: Tp,
+    /// Its event time: the stream time moves to it.
+    t: i64,
+    change: Held,
+}
+
+/// A step's change besides the stream time.
+enum Held {
+    /// None (a duplicate).
+    Nothing,
+    /// Its key, first seen in its window.
+    Key(Window, Box<[u8]>),
+    /// An aggregate's record: what it adds to its group in its window.
+    Add {
+        window: Window,
+        group: Box<[u8]>,
+        number: Option<Sum>,
+        distinct: Option<Vec<u8>>,
+    },
+}
+
 /// The dedup in front of the record's transform.
 pub struct Dedup {
     key: Option<Jq>,
@@ -80,6 +109,8 @@ pub struct Dedup {
     resume: BTreeMap<Tp, i64>,
     /// Time spent restoring in the open unit.
     restoring: Duration,
+    /// What the record last applied changes, once the writer says its outputs went out.
+    step: Option<Step>,
     /// The open unit's changes, in order (partition, change): its changelog records, and what
     /// its commit writes to the store.
     pending: Vec<(i32, Change)>,
@@ -130,6 +161,7 @@ impl Dedup {
             unrestored: BTreeSet::new(),
             resume: BTreeMap::new(),
             restoring: Duration::ZERO,
+            step: None,
             pending: Vec::new(),
             sent: 0,
             behind: BTreeSet::new(),
@@ -441,8 +473,8 @@ impl Dedup {
     }
 
     /// A record for `group` at event time `t` in `window`, aggregated: its group's new totals
-    /// (`updates`) or the totals of every window it closes (`final`) are its outputs. Every
-    /// output is worked out before the state changes, so a record that fails leaves no trace.
+    /// (`updates`) or the totals of every window it closes (`final`) are its outputs. The
+    /// state changes only once its outputs went out ([`Held::Add`]).
     fn aggregate<'a>(
         &mut self,
         input: &InputRecord<'a>,
@@ -495,30 +527,45 @@ impl Dedup {
                 Err(self.full(&window, input.partition))
             }
             Verdict::First | Verdict::Duplicate => {
-                let mut outputs = Vec::new();
-                if agg.emit == Emit::Final {
-                    // A window closes whatever its outputs: one the program fails for goes
-                    // out as the plain totals with the failure's reason headers (the closing
-                    // record is not to blame, and would close it again and again).
-                    for (w, totals) in self.seen.closing(tp, t) {
-                        for (g, acc) in totals {
-                            match self.total_output(input, &w, &g, &acc) {
-                                Ok(out) => outputs.extend(out),
-                                Err(e) => outputs.push(self.failed_total(&w, &g, &acc, &e)),
-                            }
-                        }
-                    }
+                let outputs = if agg.emit == Emit::Final {
+                    self.closing(input, tp, t)
                 } else {
                     let acc = self.seen.peek(tp, &window, group, adds);
-                    outputs.extend(self.total_output(input, &window, group, &acc)?);
-                }
+                    self.total_output(input, &window, group, &acc)?
+                };
                 self.verdict("aggregated");
-                self.seen.advance(tp, t);
-                let (_, change) = self.seen.add(tp, window, group, adds);
-                self.pending.extend(change.map(|c| (input.partition, c)));
+                let (group, number) = (group.into(), adds.number);
+                let change = Held::Add {
+                    window,
+                    group,
+                    number,
+                    distinct,
+                };
+                self.step = Some(Step {
+                    tp: tp.clone(),
+                    t,
+                    change,
+                });
                 Ok(outputs)
             }
         }
+    }
+
+    /// The totals of every window of `tp` a record at `t` closes, as the records to write. A
+    /// window closes whatever its outputs: one the program fails for goes out as the plain
+    /// totals with the failure's reason headers (the closing record is not to blame, and would
+    /// close it again and again).
+    fn closing(&self, input: &InputRecord<'_>, tp: &Tp, t: i64) -> Vec<OutputRecord<'static>> {
+        let mut outputs = Vec::new();
+        for (w, totals) in self.seen.closing(tp, t) {
+            for (g, acc) in totals {
+                match self.total_output(input, &w, &g, &acc) {
+                    Ok(out) => outputs.extend(out),
+                    Err(e) => outputs.push(self.failed_total(&w, &g, &acc, &e)),
+                }
+            }
+        }
+        outputs
     }
 
     /// `group`'s totals `acc` in `window` as the records to write: key
@@ -704,6 +751,8 @@ fn owned(o: OutputRecord<'_>) -> OutputRecord<'static> {
 
 impl Transform for Dedup {
     fn apply<'a>(&mut self, input: &InputRecord<'a>) -> Result<Vec<OutputRecord<'a>>, Failure> {
+        // Nothing of a record whose fate was not told stays (the writer tells every one).
+        self.step = None;
         let tp = (input.topic.to_string(), input.partition);
         if self.unrestored.contains(&tp) {
             self.restore(&tp).map_err(Failure::Unavailable)?;
@@ -733,13 +782,15 @@ impl Transform for Dedup {
             return self.aggregate(input, &tp, &key, t, window);
         }
         let verdict = self.seen.decide(&tp, &window, &key);
-        // A record dropped moves the stream time; a bad one (Full) leaves no trace.
-        if matches!(verdict, Verdict::Duplicate | Verdict::Late) {
-            self.seen.advance(&tp, t);
-        }
         match verdict {
             Verdict::Duplicate => {
                 self.verdict("duplicate");
+                // A record dropped moves the stream time (a late one is behind it already).
+                self.step = Some(Step {
+                    tp,
+                    t,
+                    change: Held::Nothing,
+                });
                 Ok(Vec::new())
             }
             Verdict::Late => {
@@ -756,27 +807,60 @@ impl Transform for Dedup {
             }
             Verdict::First => {
                 self.verdict("first");
-                // A bad record leaves no trace: its key is not seen, its time moves nothing.
                 let outputs = self.output(input, &window)?;
-                self.seen.advance(&tp, t);
-                let change = self.seen.remember(&tp, window, &key);
-                self.pending.push((input.partition, change));
+                self.step = Some(Step {
+                    tp,
+                    t,
+                    change: Held::Key(window, key.into()),
+                });
                 Ok(outputs)
             }
         }
     }
 
+    fn decided(&mut self, fate: Fate) {
+        let Some(Step { tp, t, change }) = self.step.take() else {
+            return;
+        };
+        if fate == Fate::Refused {
+            return;
+        }
+        self.seen.advance(&tp, t);
+        match change {
+            Held::Nothing => {}
+            Held::Key(window, key) => {
+                let change = self.seen.remember(&tp, window, &key);
+                self.pending.push((tp.1, change));
+            }
+            Held::Add {
+                window,
+                group,
+                number,
+                distinct,
+            } => {
+                let adds = Adds {
+                    number,
+                    distinct: distinct.as_deref(),
+                };
+                let (_, change) = self.seen.add(&tp, window, &group, adds);
+                self.pending.extend(change.map(|c| (tp.1, c)));
+            }
+        }
+    }
+
+    /// Restored at their first record, not now: by then the consumer has fetched their
+    /// committed offsets, which waits for a previous owner's transaction that holds offsets
+    /// for them to end (KIP-447, `read_committed`), so the changelog's end taken then is past
+    /// everything that transaction wrote (the commit sends its offsets only once every record
+    /// is acknowledged: `sink::exactly_once::commit`).
     fn assigned(&mut self, partitions: &[Tp]) {
         for tp in partitions {
             self.owned.insert(tp.clone());
             self.unrestored.insert(tp.clone());
         }
-        for tp in partitions {
-            // Before any record; one that fails is tried again at its partition's next record.
-            if let Err(e) = self.restore(tp) {
-                warn!(error = %e, "the dedup state is not restored yet; trying again");
-            }
-        }
+        self.metrics
+            .state_restoring
+            .set(self.unrestored.len() as i64);
     }
 
     fn revoked(&mut self, partitions: &[Tp]) {
@@ -836,6 +920,7 @@ impl Transform for Dedup {
     }
 
     fn dropped(&mut self, known: bool) {
+        self.step = None;
         self.seen.aborted();
         self.pending.clear();
         self.marks.clear();
@@ -1019,6 +1104,17 @@ mod tests {
         (d, metrics)
     }
 
+    /// `d` applies `input`, and the writer sends what it made (a bad record: nothing).
+    fn sent<'a>(d: &mut Dedup, input: &InputRecord<'a>) -> Result<Vec<OutputRecord<'a>>, Failure> {
+        let outputs = d.apply(input);
+        d.decided(if outputs.is_ok() {
+            Fate::Sent
+        } else {
+            Fate::Refused
+        });
+        outputs
+    }
+
     fn dedup(log: &Log, late: Late) -> Dedup {
         dedup_with(log, late, None)
     }
@@ -1037,7 +1133,7 @@ mod tests {
 
     /// How many outputs a record of key `key` at `t` makes.
     fn offer(d: &mut Dedup, key: &'static str, t: i64) -> Result<usize, Failure> {
-        Ok(d.apply(&input(key, t))?.len())
+        Ok(sent(d, &input(key, t))?.len())
     }
 
     /// The unit commits: what it writes before goes to the log.
@@ -1143,8 +1239,8 @@ mod tests {
         // Two days ahead: had it moved the stream time, day 0 would be closed.
         let mut bad = input("a", 50 * HOUR);
         bad.value = Some(br#"{"bad":true}"#);
-        assert!(matches!(d.apply(&bad), Err(Failure::BadRecord(_))));
-        let outs = d.apply(&input("a", HOUR)).unwrap();
+        assert!(matches!(sent(&mut d, &bad), Err(Failure::BadRecord(_))));
+        let outs = sent(&mut d, &input("a", HOUR)).unwrap();
         assert_eq!(outs.len(), 1, "the first of its key after all: {outs:?}");
         assert_eq!(
             outs[0].value.as_deref(),
@@ -1158,7 +1254,7 @@ mod tests {
         let log = Log::default();
         let mut d = dedup(&log, Late::Dlq);
         let long: &'static str = Box::leak("k".repeat(65).into_boxed_str());
-        match d.apply(&input(long, HOUR)) {
+        match sent(&mut d, &input(long, HOUR)) {
             Err(Failure::BadRecord(e)) => assert_eq!(e.reason, Reason::DedupInput, "{e}"),
             other => panic!("{other:?}"),
         }
@@ -1175,7 +1271,7 @@ mod tests {
         let mut d = dedup(&log, Late::Dlq);
         let mut no_key = input("a", HOUR);
         no_key.key = None;
-        match d.apply(&no_key) {
+        match sent(&mut d, &no_key) {
             Err(Failure::BadRecord(e)) => assert_eq!(e.reason, Reason::DedupInput),
             other => panic!("{other:?}"),
         }
@@ -1199,7 +1295,7 @@ mod tests {
             let value = format!(r#"{{"at":{t}}}"#);
             let mut r: InputRecord<'_> = input(key, ts);
             r.value = Some(value.as_bytes());
-            d.apply(&r).map(|o| o.len())
+            sent(&mut d, &r).map(|o| o.len())
         };
         // 25 h past its own timestamp: a wrong clock, refused.
         match at("a", 26 * HOUR, HOUR) {
@@ -1263,15 +1359,25 @@ mod tests {
         assert_eq!(total, 8, "a key and a stream time a unit");
         log.0.lock().unwrap().2 = Some(5);
         let before = log.read_so_far();
-        // Its restore at the assignment stops after 5 records.
         let mut again = dedup(&log, Late::Dlq);
+        assert_eq!(
+            log.read_so_far(),
+            before,
+            "nothing read before a record comes"
+        );
+        // The first record's restore stops after 5 records: its unit aborts.
+        assert!(matches!(
+            offer(&mut again, "a", 5 * HOUR),
+            Err(Failure::Unavailable(_))
+        ));
         assert_eq!(log.read_so_far() - before, 5);
+        again.dropped(true);
         assert_eq!(
             offer(&mut again, "a", 5 * HOUR).unwrap(),
             0,
             "a was read before"
         );
-        // The first record's restore read the 3 records left, not all 8 again.
+        // The next restore read the 3 records left, not all 8 again.
         assert_eq!(log.read_so_far() - before, total);
         assert_eq!(offer(&mut again, "d", 5 * HOUR).unwrap(), 0, "d after");
         assert_eq!(offer(&mut again, "e", 5 * HOUR).unwrap(), 1);
@@ -1305,18 +1411,19 @@ mod tests {
             commit(&mut d, &log);
         }
         log.0.lock().unwrap().2 = Some(3);
-        let stopped = dedup_with(&log, Late::Dlq, store());
+        let mut stopped = dedup_with(&log, Late::Dlq, store());
+        assert!(offer(&mut stopped, "a", 5 * HOUR).is_err(), "held back");
         drop(stopped);
         let before = log.read_so_far();
         let mut again = dedup_with(&log, Late::Dlq, store());
+        for (key, want) in [("a", 0), ("b", 0), ("c", 0), ("d", 0), ("e", 1)] {
+            assert_eq!(offer(&mut again, key, 5 * HOUR).unwrap(), want, "{key}");
+        }
         assert_eq!(
             log.read_so_far() - before,
             5,
             "the 8 records less the 3 stored"
         );
-        for (key, want) in [("a", 0), ("b", 0), ("c", 0), ("d", 0), ("e", 1)] {
-            assert_eq!(offer(&mut again, key, 5 * HOUR).unwrap(), want, "{key}");
-        }
     }
 
     #[test]
@@ -1342,11 +1449,11 @@ mod tests {
         commit(&mut other, &log); // 2 more
         let before = log.read_so_far();
         let mut again = dedup_with(&log, Late::Dlq, store());
-        let read = log.read_so_far() - before;
-        assert_eq!(read, 3, "from the mark on: x, d, d's stream time");
         for (key, want) in [("a", 0), ("b", 0), ("x", 0), ("d", 0), ("e", 1)] {
             assert_eq!(offer(&mut again, key, 3 * HOUR).unwrap(), want, "{key}");
         }
+        let read = log.read_so_far() - before;
+        assert_eq!(read, 3, "from the mark on: x, d, d's stream time");
     }
 
     /// An unknown outcome takes no mark past its unit before the restore read it.
@@ -1369,7 +1476,7 @@ mod tests {
             ..input("z", HOUR)
         };
         d.assigned(&[("in".into(), 1)]);
-        d.apply(&other).unwrap();
+        sent(&mut d, &other).unwrap();
         commit(&mut d, &log);
         drop(d);
         let mut again = dedup_with(&log, Late::Dlq, store());
@@ -1461,7 +1568,7 @@ mod tests {
     ) -> Vec<serde_json::Value> {
         let mut record = input(key, t);
         record.value = Some(value.as_bytes());
-        let outputs = d.apply(&record).expect("taken");
+        let outputs = sent(d, &record).expect("taken");
         (outputs.iter())
             .map(|o| serde_json::from_slice(o.value.as_deref().unwrap()).unwrap())
             .collect()
@@ -1484,6 +1591,64 @@ mod tests {
         distinct: u64,
     ) -> (String, u64, serde_json::Value, u64) {
         (group.to_owned(), count, sum, distinct)
+    }
+
+    /// A record whose outputs did not go out (the broker refused one, or a route kept
+    /// refusing it: its dead-letter copy went instead) leaves no trace: its key is not seen,
+    /// its time closes no window, its changelog records are not written.
+    #[test]
+    fn a_record_whose_outputs_did_not_go_out_leaves_no_trace() {
+        let log = Log::default();
+        let mut d = dedup(&log, Late::Dlq);
+        let refused = |d: &mut Dedup, key: &'static str, t: i64| {
+            let outputs = d.apply(&input(key, t)).expect("taken");
+            d.decided(Fate::Refused);
+            outputs.len()
+        };
+        assert_eq!(refused(&mut d, "dev-1", HOUR), 1);
+        assert_eq!(
+            offer(&mut d, "dev-1", 2 * HOUR).unwrap(),
+            1,
+            "still its first"
+        );
+        assert_eq!(refused(&mut d, "dev-2", 30 * HOUR), 1);
+        assert_eq!(
+            offer(&mut d, "dev-3", 3 * HOUR).unwrap(),
+            1,
+            "day 0 is open"
+        );
+        assert_eq!(commit(&mut d, &log), 3, "dev-1, dev-3, the stream time");
+    }
+
+    /// The aggregates likewise: a refused record is not counted, and a record that would
+    /// close windows closes none, so their totals go out with the next one that does.
+    #[test]
+    fn a_refused_record_is_not_counted_and_closes_no_window() {
+        let log = Log::default();
+        let mut d = aggregating(&log, Emit::Updates, 0);
+        totals(&mut d, "a", HOUR, r#"{"n":2,"u":"x"}"#);
+        let mut again = input("a", 2 * HOUR);
+        again.value = Some(br#"{"n":5,"u":"y"}"#);
+        d.apply(&again).expect("taken");
+        d.decided(Fate::Refused);
+        let next = totals(&mut d, "a", 3 * HOUR, r#"{"n":1,"u":"x"}"#);
+        assert_eq!(
+            brief(&next[0]),
+            t("a", 2, 3.into(), 1),
+            "the refused one is not in"
+        );
+
+        let log = Log::default();
+        let mut d = aggregating(&log, Emit::Final, 0);
+        totals(&mut d, "a", HOUR, r#"{"n":2,"u":"x"}"#);
+        let mut closing = input("b", 25 * HOUR);
+        closing.value = Some(br#"{"n":1,"u":"x"}"#);
+        assert_eq!(d.apply(&closing).expect("taken").len(), 1, "day 0's totals");
+        d.decided(Fate::Refused);
+        let closed = totals(&mut d, "c", 26 * HOUR, r#"{"n":1,"u":"x"}"#);
+        assert_eq!(closed.len(), 1, "day 0 closes with the next record instead");
+        assert_eq!(brief(&closed[0]), t("a", 1, 2.into(), 1));
+        assert!(totals(&mut d, "d", 27 * HOUR, r#"{"n":1,"u":"x"}"#).is_empty());
     }
 
     #[test]
@@ -1555,7 +1720,7 @@ mod tests {
         // A record for day 0 now is late.
         let mut late = input("a", 23 * HOUR);
         late.value = Some(br#"{"n":1,"u":"x"}"#);
-        match d.apply(&late) {
+        match sent(&mut d, &late) {
             Err(Failure::BadRecord(e)) => assert_eq!(e.reason, Reason::Late),
             other => panic!("{other:?}"),
         }
@@ -1589,7 +1754,7 @@ mod tests {
         ] {
             let mut record = input("a", 50 * HOUR);
             record.value = Some(value.as_bytes());
-            match d.apply(&record) {
+            match sent(&mut d, &record) {
                 Err(Failure::BadRecord(e)) => {
                     assert!(e.message.contains(why), "{}", e.message);
                 }
@@ -1629,13 +1794,16 @@ mod tests {
         totals(&mut d, "b", HOUR, r#"{"n":1,"u":null}"#);
         let mut full = input("c", HOUR);
         full.value = Some(br#"{"n":1,"u":null}"#);
-        match d.apply(&full) {
+        match sent(&mut d, &full) {
             Err(Failure::BadRecord(e)) => assert_eq!(e.reason, Reason::DedupFull),
             other => panic!("{other:?}"),
         }
         let mut new_value = input("a", HOUR);
         new_value.value = Some(br#"{"n":1,"u":"new"}"#);
-        assert!(matches!(d.apply(&new_value), Err(Failure::BadRecord(_))));
+        assert!(matches!(
+            sent(&mut d, &new_value),
+            Err(Failure::BadRecord(_))
+        ));
         let next = totals(&mut d, "a", HOUR, r#"{"n":1,"u":"x"}"#);
         assert_eq!(brief(&next[0]), t("a", 3, 3.into(), 1));
     }
@@ -1655,9 +1823,7 @@ mod tests {
         totals(&mut d, "b", HOUR, r#"{"n":1,"u":"x"}"#);
         let mut closing = input("c", 25 * HOUR);
         closing.value = Some(br#"{"n":1,"u":"x"}"#);
-        let out = d
-            .apply(&closing)
-            .expect("the closing record is not to blame");
+        let out = sent(&mut d, &closing).expect("the closing record is not to blame");
         assert_eq!(out.len(), 2);
         let a: serde_json::Value =
             serde_json::from_slice(out[0].value.as_deref().unwrap()).unwrap();
@@ -1688,7 +1854,7 @@ mod tests {
         let long: &'static str = Box::leak("g".repeat(400).into_boxed_str());
         let mut record = input(long, HOUR);
         record.value = Some(br#"{"n":1,"u":"x"}"#);
-        match d.apply(&record) {
+        match sent(&mut d, &record) {
             Err(Failure::BadRecord(e)) => assert!(e.message.contains("400 bytes"), "{}", e.message),
             other => panic!("{other:?}"),
         }
@@ -1713,12 +1879,12 @@ mod tests {
         drop(d);
         let before = log.read_so_far();
         let mut again = aggregating_with(&log, Emit::Updates, 0, store());
+        let next = totals(&mut again, "a", 3 * HOUR, r#"{"n":1,"u":"x"}"#);
         assert_eq!(
             log.read_so_far() - before,
             3,
             "only the second unit's records"
         );
-        let next = totals(&mut again, "a", 3 * HOUR, r#"{"n":1,"u":"x"}"#);
         assert_eq!(
             brief(&next[0]),
             t("a", 3, 5.into(), 2),

@@ -34,6 +34,14 @@ pub trait Transform: Send {
     /// Transforms one record. The outputs may borrow from the input.
     fn apply<'a>(&mut self, input: &InputRecord<'a>) -> Result<Vec<OutputRecord<'a>>, Failure>;
 
+    /// What became of the record `apply` was last asked about, decided by the writer before
+    /// any other record is applied: only a record whose outputs went out may leave a trace in
+    /// the transform's state; one that went to the dead-letter topic (its outputs refused,
+    /// too large, routed to a topic that keeps refusing) or whose unit aborted leaves none.
+    fn decided(&mut self, fate: Fate) {
+        let _ = fate;
+    }
+
     /// The instance now owns `partitions` too (state for them may be loaded here).
     fn assigned(&mut self, partitions: &[Tp]) {
         let _ = partitions;
@@ -66,6 +74,16 @@ pub trait Transform: Send {
     }
 }
 
+/// What became of a record the transform applied ([`Transform::decided`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fate {
+    /// Its outputs (or none, if it had none) went into the open unit.
+    Sent,
+    /// Nothing of it went out as the transform made it: its dead-letter copy went instead, or
+    /// it was skipped, or its unit aborted (it comes again).
+    Refused,
+}
+
 /// Why `apply` produced nothing to send.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Failure {
@@ -96,6 +114,9 @@ pub fn unavailable_first(inner: Box<dyn Transform>, n: u64) -> Box<dyn Transform
                 return Err(Failure::Unavailable("test switch: unavailable".into()));
             }
             self.inner.apply(input)
+        }
+        fn decided(&mut self, fate: Fate) {
+            self.inner.decided(fate);
         }
         fn assigned(&mut self, partitions: &[Tp]) {
             self.inner.assigned(partitions);

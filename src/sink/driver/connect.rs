@@ -54,7 +54,7 @@ impl Driver {
                 Err(NotConnected::Retry(why)) => {
                     warn!(error = %why, "the sink did not connect; retrying");
                     attempts += 1;
-                    std::thread::sleep(Backoff::STARTUP.after(attempts).min(left));
+                    crate::clock::pause(Backoff::STARTUP.after(attempts).min(left));
                     last = Some(why);
                 }
             }
@@ -67,8 +67,13 @@ impl Driver {
     }
 
     pub(super) fn fail_recreate(&mut self, reason: AbortReason) -> Result<(), Error> {
-        if matches!(self.state, State::Open(_)) {
-            // Replacing the producer aborts its transaction: counted like any other abort.
+        if let State::Open(unit) = std::mem::replace(&mut self.state, State::RewindOwed) {
+            // The new producer's init_transactions aborts it, unless its commit's outcome is
+            // unknown: then what is committed tells.
+            if !self.keep_unresolved(*unit) {
+                self.settled.push(Settled::Dropped);
+            }
+            // Counted like any other abort (an unknown outcome once it is known).
             self.aborted_event(reason, Ended::Replaced);
         }
         self.failures += 1;
@@ -116,7 +121,7 @@ impl Driver {
             let pause = Backoff::PRODUCER.after(self.failures.saturating_add(attempt));
             if !pause.is_zero() {
                 info!(backoff = ?pause, reason = reason.as_str(), "waiting before reconnecting the sink");
-                std::thread::sleep(pause);
+                crate::clock::pause(pause);
             }
             match self.sink.connect(&self.bounds) {
                 Ok(()) => {

@@ -1,5 +1,6 @@
-//! A commit whose outcome was unknown (a timeout on EndTxn): the unit is set aside, not counted
-//! as aborted, until the rewind has read what the sink committed. If the committed offsets are
+//! A commit whose outcome was unknown (a timeout on EndTxn, or a retry of it answered by a newer
+//! epoch): the unit is set aside, not counted as aborted, until the rewind has read what the
+//! sink committed. If the committed offsets are
 //! the ones the commit sent, it committed: its records, outputs and latencies count as any
 //! committed unit's; otherwise it is counted as the abort it was.
 
@@ -17,6 +18,8 @@ pub(super) struct Unresolved {
     /// What the commit sent: set before the abort, with the unit once the abort takes it.
     offsets: Vec<(Tp, i64)>,
     started: Instant,
+    /// Why its outcome is unknown.
+    reason: AbortReason,
     unit: Option<Unit>,
     /// How the abort ended, should it turn out to be one.
     ended: Option<Ended>,
@@ -25,10 +28,16 @@ pub(super) struct Unresolved {
 impl Driver {
     /// The commit of `offsets` begun at `started` had an unknown outcome: the abort that
     /// follows keeps its unit (`keep_unresolved`) instead of counting it.
-    pub(super) fn set_aside(&mut self, offsets: Vec<(Tp, i64)>, started: Instant) {
+    pub(super) fn set_aside(
+        &mut self,
+        offsets: Vec<(Tp, i64)>,
+        started: Instant,
+        reason: AbortReason,
+    ) {
         self.unresolved = Some(Unresolved {
             offsets,
             started,
+            reason,
             unit: None,
             ended: None,
         });
@@ -49,7 +58,7 @@ impl Driver {
     /// how it `ended` is kept for that.
     pub(super) fn defer(&mut self, reason: AbortReason, ended: Ended) -> bool {
         match &mut self.unresolved {
-            Some(u) if reason == AbortReason::CommitOutcomeUnknown && u.unit.is_some() => {
+            Some(u) if reason == u.reason && u.unit.is_some() => {
                 u.ended.get_or_insert(ended);
                 true
             }
@@ -77,6 +86,7 @@ impl Driver {
         let Some(Unresolved {
             offsets,
             started,
+            reason,
             unit: Some(unit),
             ended,
         }) = self.unresolved.take()
@@ -104,7 +114,7 @@ impl Driver {
         }
         // Counted as the abort it was, or may have been.
         TransactionAborted {
-            reason: AbortReason::CommitOutcomeUnknown,
+            reason,
             ended: ended.unwrap_or(Ended::Aborted),
         }
         .emit(&self.metrics);

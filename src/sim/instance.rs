@@ -1,0 +1,589 @@
+//! One exactly instance over the model: the real [`Session`] (the writer, the driver, the
+//! rewind, the dedup) with the model behind each of its seams: a sink whose commit and abort
+//! are `sink::exactly_once`'s own orderings over the model's transactions, a consumer of the
+//! model's group, and the dedup's changelog in the model's topic.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode as Code};
+use rdkafka::message::Headers;
+use tokio_util::sync::CancellationToken;
+
+use super::model::{CHANGELOG, EndFault, Entry, Heard, OUTPUT};
+use super::{Shared, hook};
+use crate::config::{CommitPolicy, DedupConfig, ErrorPolicy, Late, OnError};
+use crate::events::AbortReason;
+use crate::headers::{ERROR_REASON, LINEAGE};
+use crate::health::Health;
+use crate::kafka::Tp;
+use crate::metrics::Metrics;
+use crate::pipeline::session::{Parts, Poll};
+use crate::pipeline::writer::{Policy, Writer};
+use crate::pipeline::{Intake, Interrupt, Session};
+use crate::sink::exactly_once::{self, Transaction};
+use crate::sink::{
+    Bounds, Committed, Driver, Failed, Group, NotConnected, Record, Rejection, SeekFailed, Sink,
+    Starts,
+};
+use crate::state::restore::{Changelog, Each, Read, Unread};
+use crate::state::window::{Size, Windows};
+use crate::transform::OwnedRecord;
+use crate::transform::dedup::Dedup;
+
+/// The dedup every instance runs: the first record per Kafka key per hour of its timestamp,
+/// late ones to the dead-letter topic.
+pub const WINDOW_MS: i64 = 3_600_000;
+
+/// One instance: its session and its consumer.
+pub struct Instance {
+    /// Its consumer of the model's group.
+    pub group: SimGroup,
+    session: Session,
+    next: Poll,
+    shutdown: CancellationToken,
+}
+
+impl Instance {
+    /// Instance `i` starts: its producer is initialised (fencing its previous incarnation's),
+    /// its consumer joins the group.
+    pub fn start(shared: &Arc<Shared>, i: usize, commit: CommitPolicy) -> Instance {
+        let (health, metrics) = (Arc::new(Health::default()), Arc::new(Metrics::new()));
+        let shutdown = CancellationToken::new();
+        let bounds = Bounds::new(health.clone(), Duration::from_millis(20));
+        let sink = Box::new(SimSink {
+            shared: shared.clone(),
+            i,
+        });
+        let timeout = Duration::from_secs(1);
+        let driver = Driver::start(sink, bounds, timeout, metrics.clone(), shutdown.clone())
+            .expect("the model's producer connects");
+        let policy = Policy {
+            output_topic: OUTPUT.into(),
+            errors: ErrorPolicy {
+                on_error: OnError::Dlq,
+                dlq_topic: super::model::DLQ.into(),
+                route_timeout: Duration::ZERO,
+            },
+            lineage: true,
+            max_message_bytes: 1 << 20,
+            refuser: crate::transform::Refuser::Broker,
+        };
+        let writer = Writer::new(
+            driver,
+            policy,
+            metrics.clone(),
+            health.clone(),
+            shutdown.clone(),
+        );
+        let changelog = Box::new(SimChangelog(shared.clone()));
+        let dedup = Dedup::new(
+            &dedup_config(),
+            Default::default(),
+            changelog,
+            None,
+            (*metrics).clone(),
+        );
+        let session = Session::new(Parts {
+            writer,
+            intake: Intake::Direct(Box::new(dedup)),
+            commit,
+            positions: Arc::default(),
+            metrics,
+            health,
+            shutdown: shutdown.clone(),
+        });
+        let next = session.next_poll();
+        Instance {
+            group: SimGroup::join(shared),
+            session,
+            next,
+            shutdown,
+        }
+    }
+
+    /// One turn of the loop, as `pipeline::run_loop` takes it: the rebalance callbacks run
+    /// inside the poll, then the record (if any) goes to the session. Whether a record was read.
+    pub fn turn(&mut self) -> Result<bool, Interrupt> {
+        self.rebalance();
+        if let Some(e) = self.session.take_fatal() {
+            return Err(e.into());
+        }
+        let record = if self.next.read {
+            self.group.poll()
+        } else {
+            None
+        };
+        let input = record.as_ref().map(OwnedRecord::as_input);
+        self.next = self.session.turn(input.as_ref(), &self.group)?;
+        Ok(record.is_some())
+    }
+
+    /// The rebalance callbacks the coordinator owes this member, as `pipeline::context` runs
+    /// them.
+    fn rebalance(&mut self) {
+        let heard = self.group.model_poll();
+        for h in heard {
+            match h {
+                Heard::Lost(ps) => {
+                    self.session.revoked(&self.group, ps.clone(), true);
+                    self.group.unassign(&ps);
+                    // Expelled: it joins again as a new member.
+                    self.group.rejoin();
+                }
+                Heard::Revoke(ps) => {
+                    self.session.revoked(&self.group, ps.clone(), false);
+                    self.group.unassign(&ps);
+                    self.group.released(&ps);
+                }
+                Heard::Assign(ps) => {
+                    let starts = self.session.claim(&self.group, &ps);
+                    assert_eq!(
+                        starts,
+                        Some(Starts::Group),
+                        "a Kafka sink starts at the group's"
+                    );
+                    self.session.assigned(ps.clone());
+                    self.group.assign(&ps);
+                }
+            }
+        }
+    }
+
+    /// The consumer is finished: a new one joins, as `pipeline::run` replaces it.
+    pub fn replace_consumer(&mut self) {
+        self.session.replaced();
+        self.group.leave();
+        self.group.rejoin();
+    }
+
+    /// A clean stop: what is open commits, the member leaves.
+    pub fn stop(mut self) -> Result<(), crate::error::Error> {
+        self.shutdown.cancel();
+        let result = self.session.finish(&self.group, Duration::from_secs(5));
+        if result.is_err() {
+            self.session.abandon();
+        }
+        self.group.leave();
+        result
+    }
+}
+
+/// The dedup the instances run.
+pub fn dedup_config() -> DedupConfig {
+    DedupConfig {
+        windows: Windows::new(
+            Size::Fixed(Duration::from_millis(WINDOW_MS as u64)),
+            jiff::tz::TimeZone::UTC,
+            Duration::ZERO,
+        ),
+        key: None,
+        time: None,
+        late: Late::Dlq,
+        changelog: CHANGELOG.into(),
+        retention: Duration::from_secs(86_400),
+        state_dir: None,
+        max_key: 1024,
+        max_keys: usize::MAX,
+        max_ahead: i64::MAX / 4,
+        aggregate: None,
+    }
+}
+
+/// The sink: a transactional producer of the model.
+struct SimSink {
+    shared: Arc<Shared>,
+    i: usize,
+}
+
+impl SimSink {
+    fn txn(&self) -> SimTxn<'_> {
+        SimTxn {
+            shared: &self.shared,
+            i: self.i,
+        }
+    }
+}
+
+/// A header's value as text.
+fn header(out: &crate::records::Outgoing<'_>, name: &str) -> Option<String> {
+    (0..out.headers.count())
+        .map(|i| out.headers.get(i))
+        .find(|h| h.key == name)
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+impl Sink for SimSink {
+    fn connect(&mut self, _: &Bounds) -> Result<(), NotConnected> {
+        let id = format!("t-{}", self.i);
+        self.shared.model().init(self.i, &id);
+        Ok(())
+    }
+
+    fn begin(&mut self, _: &Bounds) -> Result<(), Failed> {
+        let mut m = self.shared.model();
+        if let Some(c) = m.clients.get_mut(&self.i) {
+            c.failed = false;
+            c.rejected.clear();
+        }
+        Ok(())
+    }
+
+    fn send(&mut self, r: Record<'_, '_>, _: &Bounds) -> Result<(), Failed> {
+        let mut m = self.shared.model();
+        if let Some(n) = m.send_faults.get_mut(&self.i).filter(|n| **n > 0) {
+            *n -= 1;
+            return Err(Failed::Abort(AbortReason::ProduceFailed));
+        }
+        let entry = Entry {
+            key: r.out.key.as_deref().map(<[u8]>::to_vec),
+            value: r.out.value.as_deref().map(<[u8]>::to_vec),
+            lineage: header(r.out, LINEAGE),
+            reason: header(r.out, ERROR_REASON),
+            ..Entry::default()
+        };
+        m.send(
+            self.i,
+            r.topic,
+            r.out.partition.unwrap_or(0),
+            entry,
+            r.index,
+        );
+        Ok(())
+    }
+
+    fn settle(&mut self, _: &Bounds) -> bool {
+        self.shared.model().deliver(self.i, usize::MAX);
+        true
+    }
+
+    fn take_rejections(&mut self, _: Duration) -> Vec<Rejection> {
+        let mut m = self.shared.model();
+        let Some(c) = m.clients.get_mut(&self.i) else {
+            return Vec::new();
+        };
+        (c.rejected.drain(..))
+            .map(|index| Rejection {
+                index,
+                error: "MESSAGE_TOO_LARGE",
+                named: true,
+                alone: false,
+            })
+            .collect()
+    }
+
+    fn has_rejections(&self) -> bool {
+        let m = self.shared.model();
+        m.clients
+            .get(&self.i)
+            .is_some_and(|c| !c.rejected.is_empty())
+    }
+
+    fn stale(&self) -> bool {
+        self.shared
+            .model()
+            .clients
+            .get(&self.i)
+            .is_some_and(|c| c.stale)
+    }
+
+    fn commit(
+        &mut self,
+        offsets: &[(Tp, i64)],
+        group: &dyn Group,
+        b: &Bounds,
+    ) -> Result<(), Failed> {
+        exactly_once::commit(&self.txn(), offsets, group, b)
+    }
+
+    fn abort(&mut self, reason: AbortReason, b: &Bounds) -> Result<(), Failed> {
+        exactly_once::abort(&self.txn(), reason, b)
+    }
+
+    fn claim(&mut self, _: &[Tp], _: &dyn Group, _: &Bounds) -> Result<Starts, Failed> {
+        Ok(Starts::Group)
+    }
+
+    fn exists(&self, _: &str, _: Duration) -> Result<bool, String> {
+        Ok(true)
+    }
+
+    fn refuser(&self) -> crate::transform::Refuser {
+        crate::transform::Refuser::Broker
+    }
+}
+
+/// Instance `i`'s transaction calls; each may find the process frozen first ([`hook`]).
+struct SimTxn<'a> {
+    shared: &'a Arc<Shared>,
+    i: usize,
+}
+
+fn err(code: Code) -> KafkaError {
+    KafkaError::Global(code)
+}
+
+impl Transaction for SimTxn<'_> {
+    fn flush(&self, _: Duration) -> KafkaResult<()> {
+        hook(self.shared, self.i, "flush");
+        self.shared.model().deliver(self.i, usize::MAX);
+        Ok(())
+    }
+
+    fn send_offsets(
+        &self,
+        offsets: &[(Tp, i64)],
+        group: &dyn Group,
+        _: Duration,
+    ) -> KafkaResult<()> {
+        hook(self.shared, self.i, "send_offsets");
+        let member = group.member().unwrap_or(crate::kafka::member::Member {
+            generation: -1,
+            id: String::new(),
+        });
+        let mut m = self.shared.model();
+        m.send_offsets(self.i, &member.id, member.generation, offsets)
+            .map_err(err)
+    }
+
+    fn commit(&self, _: Duration) -> KafkaResult<()> {
+        hook(self.shared, self.i, "commit_transaction");
+        let mut m = self.shared.model();
+        // librdkafka's commit_transaction flushes first.
+        m.deliver(self.i, usize::MAX);
+        if m.clients.get(&self.i).is_some_and(|c| c.failed) {
+            // A delivery of the transaction failed: it must abort (librdkafka flags that
+            // error as abortable; here the flush before the EndTxn says so).
+            return Err(KafkaError::Flush(Code::InvalidRecord));
+        }
+        match m.end_faults.remove(&self.i) {
+            None => m.end_txn(self.i, true).map_err(err),
+            Some(EndFault::Abortable) => Err(KafkaError::Flush(Code::InvalidTransactionalState)),
+            Some(EndFault::UnknownLost) => Err(err(Code::OperationTimedOut)),
+            Some(EndFault::UnknownCommitted) => {
+                m.end_txn(self.i, true).map_err(err)?;
+                Err(err(Code::OperationTimedOut))
+            }
+            Some(EndFault::FencedAfterCommit) => {
+                m.end_txn(self.i, true).map_err(err)?;
+                m.newcomer(self.i);
+                Err(err(Code::ProducerFenced))
+            }
+        }
+    }
+
+    fn abort(&self, _: Duration) -> KafkaResult<()> {
+        let mut m = self.shared.model();
+        m.purge(self.i);
+        m.end_txn(self.i, false).map_err(err)
+    }
+
+    fn timed_out(&self) {
+        if let Some(c) = self.shared.model().clients.get_mut(&self.i) {
+            c.stale = true;
+        }
+    }
+}
+
+/// A `read_committed` consumer of the model's group: one record a poll, its partitions in
+/// turn; a partition assigned starts only once its committed offset is stable.
+pub struct SimGroup {
+    shared: Arc<Shared>,
+    member: RefCell<String>,
+    assigned: RefCell<Vec<Tp>>,
+    /// Where each partition reads next; `None` until its committed offset is stable.
+    fetch: RefCell<HashMap<Tp, Option<i64>>>,
+    position: RefCell<HashMap<Tp, i64>>,
+    turn: RefCell<usize>,
+}
+
+impl SimGroup {
+    fn join(shared: &Arc<Shared>) -> SimGroup {
+        let member = shared.model().join();
+        SimGroup {
+            shared: shared.clone(),
+            member: RefCell::new(member),
+            assigned: RefCell::default(),
+            fetch: RefCell::default(),
+            position: RefCell::default(),
+            turn: RefCell::default(),
+        }
+    }
+
+    /// Its member id.
+    pub fn member_id(&self) -> String {
+        self.member.borrow().clone()
+    }
+
+    fn model_poll(&self) -> Vec<Heard> {
+        let id = self.member_id();
+        let mut m = self.shared.model();
+        m.heartbeat(&id);
+        m.poll(&id)
+    }
+
+    fn released(&self, ps: &[Tp]) {
+        let id = self.member_id();
+        self.shared.model().released(&id, ps);
+    }
+
+    fn assign(&self, ps: &[Tp]) {
+        for tp in ps {
+            self.fetch.borrow_mut().insert(tp.clone(), None);
+            self.assigned.borrow_mut().push(tp.clone());
+        }
+    }
+
+    fn unassign(&self, ps: &[Tp]) {
+        self.assigned.borrow_mut().retain(|tp| !ps.contains(tp));
+        for tp in ps {
+            self.fetch.borrow_mut().remove(tp);
+            self.position.borrow_mut().remove(tp);
+        }
+    }
+
+    fn leave(&self) {
+        let id = self.member_id();
+        self.shared.model().leave(&id);
+        let all = self.assigned.borrow().clone();
+        self.unassign(&all);
+    }
+
+    fn rejoin(&self) {
+        let id = self.shared.model().join();
+        *self.member.borrow_mut() = id;
+    }
+
+    /// The next record of the assigned partitions whose committed offset is known.
+    fn poll(&self) -> Option<OwnedRecord> {
+        let m = self.shared.model();
+        let assigned = self.assigned.borrow().clone();
+        let mut fetch = self.fetch.borrow_mut();
+        for tp in &assigned {
+            if fetch.get(tp) == Some(&None) && !m.unstable(tp) {
+                fetch.insert(tp.clone(), Some(m.committed.get(tp).copied().unwrap_or(0)));
+            }
+        }
+        let n = assigned.len();
+        for k in 0..n {
+            let turn = (*self.turn.borrow() + k) % n;
+            let tp = &assigned[turn];
+            let Some(Some(at)) = fetch.get(tp).copied() else {
+                continue;
+            };
+            let Some(r) = m.input[tp.1 as usize].get(at as usize).cloned() else {
+                continue;
+            };
+            fetch.insert(tp.clone(), Some(at + 1));
+            self.position.borrow_mut().insert(tp.clone(), at + 1);
+            *self.turn.borrow_mut() = turn + 1;
+            return Some(r);
+        }
+        None
+    }
+}
+
+impl Group for SimGroup {
+    fn metadata(&self) -> Option<ConsumerGroupMetadata> {
+        None
+    }
+
+    fn member(&self) -> Option<crate::kafka::member::Member> {
+        let id = self.member_id();
+        let (generation, _) = self.shared.model().member(&id).unwrap_or((-1, false));
+        Some(crate::kafka::member::Member { generation, id })
+    }
+
+    fn commit_offsets(&self, offsets: &[(Tp, i64)]) -> KafkaResult<()> {
+        self.shared
+            .model()
+            .committed
+            .extend(offsets.iter().cloned());
+        Ok(())
+    }
+
+    fn copy_offsets(&self, offsets: &[(Tp, i64)]) -> KafkaResult<()> {
+        self.commit_offsets(offsets)
+    }
+
+    fn committed(&self, partitions: &[Tp], _: Duration) -> KafkaResult<Committed> {
+        let m = self.shared.model();
+        if partitions.iter().any(|tp| m.unstable(tp)) {
+            return Err(KafkaError::ConsumerCommit(Code::UnstableOffsetCommit));
+        }
+        Ok(partitions
+            .iter()
+            .map(|tp| (tp.clone(), m.committed.get(tp).copied()))
+            .collect())
+    }
+
+    fn positions(&self) -> Vec<(Tp, i64)> {
+        let position = self.position.borrow();
+        (self.assigned.borrow().iter())
+            .filter_map(|tp| Some((tp.clone(), *position.get(tp)?)))
+            .collect()
+    }
+
+    fn assignment(&self) -> KafkaResult<Vec<Tp>> {
+        Ok(self.assigned.borrow().clone())
+    }
+
+    fn seek(&self, offsets: &[(Tp, i64)], _: Duration) -> Result<(), SeekFailed> {
+        for (tp, o) in offsets {
+            if self.fetch.borrow().get(tp) == Some(&None) {
+                // librdkafka refuses to seek a partition still waiting for its offset.
+                let e = KafkaError::Seek("erroneous state".into());
+                return Err(SeekFailed::Partition(tp.clone(), e));
+            }
+            self.fetch.borrow_mut().insert(tp.clone(), Some(*o));
+            self.position.borrow_mut().remove(tp);
+        }
+        Ok(())
+    }
+
+    fn pause(&self, _: &[Tp]) -> KafkaResult<()> {
+        Ok(())
+    }
+}
+
+/// The dedup's changelog, read `read_committed` from the model.
+struct SimChangelog(Arc<Shared>);
+
+impl Changelog for SimChangelog {
+    fn read(
+        &mut self,
+        partition: i32,
+        from: Option<i64>,
+        each: &mut Each<'_>,
+    ) -> Result<Read, Unread> {
+        let (records, held, end) = {
+            let m = self.0.model();
+            let end = m.end_offset(CHANGELOG, partition);
+            if from.is_some_and(|o| o > end) {
+                return Err(Unread::OutOfRange(format!("{from:?} past {end}")));
+            }
+            let (records, held) = m.read(CHANGELOG, partition, from.unwrap_or(0));
+            (records, held, end)
+        };
+        for (offset, e) in &records {
+            each(*offset, e.key.as_deref(), e.value.as_deref());
+        }
+        if held {
+            return Err(Unread::Failed(format!(
+                "changelog {partition}: an open transaction holds it short of {end}"
+            )));
+        }
+        Ok(Read {
+            records: records.len() as u64,
+            end,
+        })
+    }
+
+    fn end(&mut self, partition: i32) -> Result<i64, String> {
+        Ok(self.0.model().end_offset(CHANGELOG, partition))
+    }
+}
