@@ -16,6 +16,13 @@ pub fn pause(d: Duration) {
     std::thread::sleep(d);
 }
 
+/// The wall clock, in ms since the Unix epoch: what an event time is held to.
+pub fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 /// Now, for the ages of units (when one is due to commit).
 pub fn now() -> Instant {
     #[cfg(test)]

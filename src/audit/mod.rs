@@ -451,6 +451,9 @@ const REJECTED: [&str; 2] = [
 ];
 /// The DLQ reason of a record whose output's topic kept refusing it.
 const ROUTE_REFUSED: &str = crate::transform::Reason::RouteRefused.as_str();
+/// The DLQ reason of a record the windowed stage cannot place (an event time too far ahead of
+/// the clock among them).
+const DEDUP_INPUT: &str = crate::transform::Reason::DedupInput.as_str();
 
 type Id = (String, i32, i64);
 
@@ -537,6 +540,9 @@ pub fn analyze_parts<'h>(
     let route_refused = refused(&[ROUTE_REFUSED]);
     r.route_refused = route_refused.len();
     rejected.extend(route_refused);
+    // The stage held an event time to the pipeline's clock then, which the replay's is past
+    // now: a record refused as too far ahead of it stands as the pipeline decided.
+    rejected.extend(refused(&[DEDUP_INPUT]));
     let expected = expect(
         history,
         replay,
@@ -1164,7 +1170,7 @@ mod tests {
         for (o, key) in ["a", "b", "a", "b", "c"].into_iter().enumerate() {
             let mut r = input(0, o as i64, key);
             r.key = Some(key.as_bytes().to_vec());
-            r.timestamp = Some(1_800_000_000_000 + o as i64);
+            r.timestamp = Some(1_700_000_000_000 + o as i64);
             if o == 0 {
                 h.earlier.push(r);
             } else {
@@ -1191,20 +1197,23 @@ mod tests {
         analyze(h, &mut replay, OnError::Dlq, "out", 1_000_000)
     }
 
-    /// The first b's output was refused by the broker (its dead-letter copy stands in): the
-    /// replay keeps nothing of it, as the pipeline does, so the second b is the first out.
+    /// The first b's output was refused by the broker, or the pipeline held its time too far
+    /// ahead of its clock then (its dead-letter copy stands in): the replay keeps nothing of
+    /// it, as the pipeline does, so the second b is the first out.
     #[test]
     fn a_dedup_replay_keeps_nothing_of_an_input_whose_output_was_refused() {
-        let (mut h, replay) = deduplicated();
-        h.outputs = vec![passed(0, 3), passed(1, 4)];
-        let mut d = output(0, 0, "in/0/1/0", "b");
-        d.topic = "out.dlq".into();
-        d.headers
-            .push((headers::ERROR_REASON.into(), Some(REJECTED[0].into())));
-        h.dlq.push(d);
-        let r = check_with(&h, replay);
-        assert_eq!(r.anomalies(), 0, "{}", r.summary());
-        assert_eq!((r.rejected_by_broker, r.expected_outputs), (1, 2));
+        for reason in [REJECTED[0], DEDUP_INPUT] {
+            let (mut h, replay) = deduplicated();
+            h.outputs = vec![passed(0, 3), passed(1, 4)];
+            let mut d = output(0, 0, "in/0/1/0", "b");
+            d.topic = "out.dlq".into();
+            d.headers
+                .push((headers::ERROR_REASON.into(), Some(reason.into())));
+            h.dlq.push(d);
+            let r = check_with(&h, replay);
+            assert_eq!(r.anomalies(), 0, "{reason}: {}", r.summary());
+            assert_eq!((r.expected_outputs, r.expected_dlq), (2, 1), "{reason}");
+        }
     }
 
     #[test]

@@ -83,9 +83,9 @@ pub struct DedupArgs {
     #[arg(long, alias = "dedup-max-keys", env = "EXACTLY_WINDOW_MAX_KEYS", value_name = "N", default_value_t = 5_000_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub window_max_keys: u64,
 
-    /// With --window-time: an event time further than this past the record's own timestamp is
-    /// a bad record (reason `dedup_input`), so one wrong clock cannot move the stream time
-    /// ahead and make every later record late.
+    /// An event time further than this ahead of this host's clock (and, with --window-time,
+    /// of the record's own timestamp) is a bad record (reason `dedup_input`), so one wrong
+    /// clock cannot move the stream time ahead and make every later record late.
     #[arg(long, alias = "dedup-max-ahead", env = "EXACTLY_WINDOW_MAX_AHEAD", value_name = "DURATION", default_value = "1d", value_parser = parse_duration)]
     pub window_max_ahead: Duration,
 
@@ -255,7 +255,8 @@ pub struct DedupConfig {
     pub max_key: usize,
     /// The most keys per window and input partition.
     pub max_keys: usize,
-    /// How far past the record's timestamp an event time may be, in ms.
+    /// How far ahead of this host's clock (and of the record's timestamp, with `--window-time`)
+    /// an event time may be, in ms.
     pub max_ahead: i64,
     /// Aggregates instead of the dedup (`--aggregate`).
     pub aggregate: Option<AggregateConfig>,

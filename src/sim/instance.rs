@@ -14,13 +14,13 @@ use rdkafka::message::Headers;
 use tokio_util::sync::CancellationToken;
 
 use super::model::{CHANGELOG, EndFault, Entry, Heard, OUTPUT};
+use super::oracle::{Mode, WINDOW_MS, canonical};
 use super::{Shared, hook};
-use crate::config::{CommitPolicy, DedupConfig, ErrorPolicy, Late, OnError};
+use crate::config::{AggregateConfig, CommitPolicy, DedupConfig, Emit, ErrorPolicy, Late, OnError};
 use crate::events::AbortReason;
 use crate::headers::{ERROR_REASON, LINEAGE};
 use crate::health::Health;
 use crate::kafka::Tp;
-use crate::metrics::Metrics;
 use crate::pipeline::session::{Parts, Poll};
 use crate::pipeline::writer::{Policy, Writer};
 use crate::pipeline::{Intake, Interrupt, Session};
@@ -31,12 +31,9 @@ use crate::sink::{
 };
 use crate::state::restore::{Changelog, Each, Read, Unread};
 use crate::state::window::{Size, Windows};
+use crate::transform::Jq;
 use crate::transform::OwnedRecord;
 use crate::transform::dedup::Dedup;
-
-/// The dedup every instance runs: the first record per Kafka key per hour of its timestamp,
-/// late ones to the dead-letter topic.
-pub const WINDOW_MS: i64 = 3_600_000;
 
 /// One instance: its session and its consumer.
 pub struct Instance {
@@ -50,8 +47,9 @@ pub struct Instance {
 impl Instance {
     /// Instance `i` starts: its producer is initialised (fencing its previous incarnation's),
     /// its consumer joins the group.
-    pub fn start(shared: &Arc<Shared>, i: usize, commit: CommitPolicy) -> Instance {
-        let (health, metrics) = (Arc::new(Health::default()), Arc::new(Metrics::new()));
+    pub fn start(shared: &Arc<Shared>, i: usize, commit: CommitPolicy, mode: Mode) -> Instance {
+        // One registry for every instance of a schedule: nothing reads it back.
+        let (health, metrics) = (Arc::new(Health::default()), shared.metrics.clone());
         let shutdown = CancellationToken::new();
         let bounds = Bounds::new(health.clone(), Duration::from_millis(20));
         let sink = Box::new(SimSink {
@@ -80,13 +78,8 @@ impl Instance {
             shutdown.clone(),
         );
         let changelog = Box::new(SimChangelog(shared.clone()));
-        let dedup = Dedup::new(
-            &dedup_config(),
-            Default::default(),
-            changelog,
-            None,
-            (*metrics).clone(),
-        );
+        let (config, programs) = stage(mode);
+        let dedup = Dedup::new(&config, programs, changelog, None, (*metrics).clone());
         let session = Session::new(Parts {
             writer,
             intake: Intake::Direct(Box::new(dedup)),
@@ -98,7 +91,7 @@ impl Instance {
         });
         let next = session.next_poll();
         Instance {
-            group: SimGroup::join(shared),
+            group: SimGroup::join(shared, i),
             session,
             next,
             shutdown,
@@ -172,9 +165,26 @@ impl Instance {
     }
 }
 
-/// The dedup the instances run.
-pub fn dedup_config() -> DedupConfig {
-    DedupConfig {
+/// The stage the instances run in `mode`, per Kafka key per hour of the record's timestamp,
+/// late records to the dead-letter topic; the aggregates count and sum `.n`. Its programs.
+fn stage(mode: Mode) -> (DedupConfig, [Option<Jq>; 5]) {
+    let emit = match mode {
+        Mode::Dedup => None,
+        Mode::Updates => Some(Emit::Updates),
+        Mode::Final => Some(Emit::Final),
+    };
+    let aggregate = emit.map(|emit| AggregateConfig {
+        count: true,
+        sum: Some(".n".into()),
+        distinct: None,
+        emit,
+    });
+    let limits = crate::transform::Limits {
+        max_output_bytes: 1 << 16,
+        max_outputs: 100,
+    };
+    let sum = (aggregate.as_ref()).map(|_| Jq::compile(".n", false, limits).expect("compiles"));
+    let config = DedupConfig {
         windows: Windows::new(
             Size::Fixed(Duration::from_millis(WINDOW_MS as u64)),
             jiff::tz::TimeZone::UTC,
@@ -189,8 +199,9 @@ pub fn dedup_config() -> DedupConfig {
         max_key: 1024,
         max_keys: usize::MAX,
         max_ahead: i64::MAX / 4,
-        aggregate: None,
-    }
+        aggregate,
+    };
+    (config, [None, None, None, sum, None])
 }
 
 /// The sink: a transactional producer of the model.
@@ -237,6 +248,7 @@ impl Sink for SimSink {
         let mut m = self.shared.model();
         if let Some(n) = m.send_faults.get_mut(&self.i).filter(|n| **n > 0) {
             *n -= 1;
+            m.count("sends failed");
             return Err(Failed::Abort(AbortReason::ProduceFailed));
         }
         let entry = Entry {
@@ -244,15 +256,11 @@ impl Sink for SimSink {
             value: r.out.value.as_deref().map(<[u8]>::to_vec),
             lineage: header(r.out, LINEAGE),
             reason: header(r.out, ERROR_REASON),
+            canonical: canonical(self.shared.mode, r.out.value.as_deref().unwrap_or_default()),
             ..Entry::default()
         };
-        m.send(
-            self.i,
-            r.topic,
-            r.out.partition.unwrap_or(0),
-            entry,
-            r.index,
-        );
+        let to = (r.topic, r.out.partition.unwrap_or(0));
+        m.send(self.i, to, r.timestamp, entry, r.index);
         Ok(())
     }
 
@@ -360,8 +368,24 @@ impl Transaction for SimTxn<'_> {
             // error as abortable; here the flush before the EndTxn says so).
             return Err(KafkaError::Flush(Code::InvalidRecord));
         }
-        match m.end_faults.remove(&self.i) {
-            None => m.end_txn(self.i, true).map_err(err),
+        let fault = m.end_faults.remove(&self.i);
+        if let Some(f) = fault {
+            m.count(match f {
+                EndFault::Abortable => "commits refused (abortable)",
+                EndFault::UnknownCommitted => "commits unknown, committed",
+                EndFault::UnknownLost => "commits unknown, lost",
+                EndFault::FencedAfterCommit => "commits fenced after they took effect",
+            });
+        }
+        let expelled = m.expelled(self.i);
+        match fault {
+            None => {
+                m.end_txn(self.i, true).map_err(err)?;
+                if expelled {
+                    m.count("commits of an owner whose session expired");
+                }
+                Ok(())
+            }
             Some(EndFault::Abortable) => Err(KafkaError::Flush(Code::InvalidTransactionalState)),
             Some(EndFault::UnknownLost) => Err(err(Code::OperationTimedOut)),
             Some(EndFault::UnknownCommitted) => {
@@ -392,6 +416,8 @@ impl Transaction for SimTxn<'_> {
 /// A `read_committed` consumer of the model's group: one record a poll, its partitions in
 /// turn; a partition assigned starts only once its committed offset is stable.
 pub struct SimGroup {
+    /// Its instance.
+    i: usize,
     shared: Arc<Shared>,
     member: RefCell<String>,
     assigned: RefCell<Vec<Tp>>,
@@ -402,9 +428,10 @@ pub struct SimGroup {
 }
 
 impl SimGroup {
-    fn join(shared: &Arc<Shared>) -> SimGroup {
-        let member = shared.model().join();
+    fn join(shared: &Arc<Shared>, i: usize) -> SimGroup {
+        let member = shared.model().join(i);
         SimGroup {
+            i,
             shared: shared.clone(),
             member: RefCell::new(member),
             assigned: RefCell::default(),
@@ -454,7 +481,7 @@ impl SimGroup {
     }
 
     fn rejoin(&self) {
-        let id = self.shared.model().join();
+        let id = self.shared.model().join(self.i);
         *self.member.borrow_mut() = id;
     }
 
@@ -463,11 +490,23 @@ impl SimGroup {
         let m = self.shared.model();
         let assigned = self.assigned.borrow().clone();
         let mut fetch = self.fetch.borrow_mut();
+        let mut unstable = false;
         for tp in &assigned {
-            if fetch.get(tp) == Some(&None) && !m.unstable(tp) {
+            if fetch.get(tp) != Some(&None) {
+                continue;
+            }
+            if m.unstable(tp) {
+                unstable = true;
+            } else {
                 fetch.insert(tp.clone(), Some(m.committed.get(tp).copied().unwrap_or(0)));
             }
         }
+        drop(m);
+        if unstable {
+            self.shared
+                .count("fetches waiting for a transaction's offsets");
+        }
+        let m = self.shared.model();
         let n = assigned.len();
         for k in 0..n {
             let turn = (*self.turn.borrow() + k) % n;
@@ -573,6 +612,7 @@ impl Changelog for SimChangelog {
             each(*offset, e.key.as_deref(), e.value.as_deref());
         }
         if held {
+            self.0.count("restores held back by an open transaction");
             return Err(Unread::Failed(format!(
                 "changelog {partition}: an open transaction holds it short of {end}"
             )));

@@ -30,7 +30,7 @@ use crate::pipeline::Interrupt;
 use crate::transform::OwnedRecord;
 use instance::Instance;
 use model::{EndFault, Model, Timeouts};
-use oracle::Reference;
+use oracle::{Mode, Reference, WINDOW_MS};
 
 /// The session timeout and the transaction timeout of the model, in ms.
 const TIMEOUTS: Timeouts = Timeouts {
@@ -48,6 +48,9 @@ pub struct Shared {
     /// Instances frozen between turns, until a time of the model's clock.
     frozen: Mutex<BTreeMap<usize, u64>>,
     commit: CommitPolicy,
+    metrics: Arc<crate::metrics::Metrics>,
+    /// What the instances run.
+    pub mode: Mode,
     reference: Reference,
     /// The last steps, for the report of a failure.
     trace: Mutex<VecDeque<String>>,
@@ -87,6 +90,11 @@ impl Shared {
     fn faults(&self) -> bool {
         *lock(&self.faults)
     }
+
+    /// Counts one `what`, for the run's coverage.
+    pub fn count(&self, what: &'static str) {
+        self.model().count(what);
+    }
 }
 
 /// A point inside instance `i`'s transaction call `phase`: the process may freeze here. The
@@ -98,6 +106,11 @@ pub fn hook(shared: &Arc<Shared>, i: usize, phase: &str) {
     }
     let ms = 1_000 + shared.pick(7_000) as u64;
     shared.note(format!("#{i} frozen in {phase} for {ms} ms"));
+    shared.count(match phase {
+        "flush" => "frozen in flush",
+        "send_offsets" => "frozen in send_offsets",
+        _ => "frozen in commit_transaction",
+    });
     *lock(&shared.depth) += 1;
     let until = shared.model().now + ms;
     while shared.model().now < until {
@@ -105,6 +118,9 @@ pub fn hook(shared: &Arc<Shared>, i: usize, phase: &str) {
     }
     *lock(&shared.depth) -= 1;
     shared.note(format!("#{i} wakes in {phase}"));
+    if shared.model().expelled(i) {
+        shared.count("woke in a call after its session expired");
+    }
 }
 
 /// Takes one random step, never instance `not` (frozen inside a call).
@@ -120,11 +136,11 @@ fn step(shared: &Arc<Shared>, not: Option<usize>) {
             shared.model().deliver(i, k);
         }
         700..900 => tick(shared, 1 + shared.pick(150) as u64),
-        900..915 if faults && Some(i) != not => kill(shared, i),
-        915..960 if Some(i) != not => start(shared, i),
+        900..910 if faults && Some(i) != not => kill(shared, i),
+        910..960 if Some(i) != not => start(shared, i),
         960..970 if faults && Some(i) != not => freeze(shared, i),
-        970..975 if faults && Some(i) != not => stop(shared, i),
-        975..1000 if faults => arm(shared, i),
+        970..973 if faults && Some(i) != not => stop(shared, i),
+        973..1000 if faults => arm(shared, i),
         _ => tick(shared, 10),
     }
     // The pauses the step took (back-offs) pass on the model's clock too.
@@ -178,6 +194,7 @@ fn turn(shared: &Arc<Shared>, i: usize, not: Option<usize>) {
         Ok(_) => {}
         Err(Interrupt::ReplaceConsumer(why) | Interrupt::InstanceFenced(why)) => {
             shared.note(format!("#{i} replaces its consumer: {why}"));
+            shared.count("consumers replaced");
             instance.replace_consumer();
         }
         Err(Interrupt::Fail(e)) => panic!("instance {i} stopped: {e}"),
@@ -191,6 +208,7 @@ fn kill(shared: &Arc<Shared>, i: usize) {
     };
     if slot.take().is_some() {
         shared.note(format!("#{i} killed"));
+        shared.count("kill -9");
         shared.model().killed(i);
         lock(&shared.frozen).remove(&i);
     }
@@ -203,7 +221,7 @@ fn start(shared: &Arc<Shared>, i: usize) {
     };
     if slot.is_none() {
         shared.note(format!("#{i} starts"));
-        *slot = Some(Instance::start(shared, i, shared.commit));
+        *slot = Some(Instance::start(shared, i, shared.commit, shared.mode));
     }
 }
 
@@ -217,6 +235,7 @@ fn stop(shared: &Arc<Shared>, i: usize) {
     };
     if let Some(instance) = slot.take() {
         shared.note(format!("#{i} stops"));
+        shared.count("clean stops");
         if let Err(e) = instance.stop() {
             shared.note(format!("#{i} stopped with {e}"));
         }
@@ -229,6 +248,7 @@ fn freeze(shared: &Arc<Shared>, i: usize) {
     let ms = 500 + shared.pick(8_000) as u64;
     let until = shared.model().now + ms;
     shared.note(format!("#{i} frozen between turns for {ms} ms"));
+    shared.count("frozen between turns");
     lock(&shared.frozen).insert(i, until);
 }
 
@@ -281,6 +301,8 @@ fn fail(shared: &Arc<Shared>, why: &str) -> ! {
 pub struct Plan {
     /// Records per input partition.
     pub input: Vec<Vec<OwnedRecord>>,
+    /// What the instances run.
+    pub mode: Mode,
     /// Instances.
     pub instances: usize,
     /// Records a unit commits at.
@@ -292,41 +314,16 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The plan of `seed`: 2 or 3 partitions of 10 to 30 records, keys of six devices, times
-    /// an hour's windows apart moving on, now and then a late one or one the broker refuses.
+    /// The plan of `seed`: the dedup, the updates or the final totals; 2 or 3 partitions of 10
+    /// to 30 records, keys of six devices, their times moving on (an hour's windows close), now
+    /// and then a late one or one whose outputs the broker refuses (an odd timestamp).
     pub fn of(rng: &mut StdRng) -> Plan {
+        let mode = [Mode::Dedup, Mode::Updates, Mode::Final][rng.random_range(0..3)];
         let partitions = rng.random_range(2..=3);
-        let mut input = Vec::new();
-        for p in 0..partitions {
-            let (mut t, n) = (0i64, rng.random_range(10..=30));
-            let records = (0..n)
-                .map(|o| {
-                    t += rng.random_range(0..20) * 60_000;
-                    let at = if rng.random_bool(0.05) {
-                        t - rng.random_range(1..3) * instance::WINDOW_MS
-                    } else {
-                        t
-                    };
-                    let value = if rng.random_bool(0.05) {
-                        format!("poison {p}/{o}")
-                    } else {
-                        format!("v {p}/{o}")
-                    };
-                    OwnedRecord {
-                        topic: model::INPUT.into(),
-                        partition: p,
-                        offset: o,
-                        timestamp: Some(1_700_000_000_000 + at),
-                        key: Some(format!("dev-{}", rng.random_range(0..6)).into_bytes()),
-                        value: Some(value.into_bytes()),
-                        headers: Vec::new(),
-                    }
-                })
-                .collect();
-            input.push(records);
-        }
+        let input = (0..partitions).map(|p| records(rng, p)).collect();
         Plan {
             input,
+            mode,
             instances: rng.random_range(2..=3),
             per_unit: rng.random_range(1..=8),
             interval: rng.random_range(50..1_000),
@@ -335,8 +332,36 @@ impl Plan {
     }
 }
 
+/// Partition `p`'s records.
+fn records(rng: &mut StdRng, p: i32) -> Vec<OwnedRecord> {
+    let (mut t, n) = (1_700_000_000_000i64, rng.random_range(10..=30));
+    let mut records = Vec::new();
+    for o in 0..n {
+        t += rng.random_range(0..20) * 60_000;
+        let mut at = t;
+        if rng.random_bool(0.05) {
+            at -= rng.random_range(1..3) * WINDOW_MS;
+        }
+        if rng.random_bool(0.05) {
+            at += 1;
+        }
+        let value = serde_json::json!({"n": rng.random_range(1..10), "id": format!("{p}/{o}")});
+        records.push(OwnedRecord {
+            topic: model::INPUT.into(),
+            partition: p,
+            offset: o,
+            timestamp: Some(at),
+            key: Some(format!("dev-{}", rng.random_range(0..6)).into_bytes()),
+            value: Some(value.to_string().into_bytes()),
+            headers: Vec::new(),
+        });
+    }
+    records
+}
+
 /// Runs the schedule of `seed`; panics, with the last steps, at the first broken invariant.
-pub fn run(seed: u64) {
+/// How often each thing happened.
+pub fn run(seed: u64) -> BTreeMap<&'static str, u64> {
     crate::clock::simulated::start();
     let mut rng = StdRng::seed_from_u64(seed);
     let plan = Plan::of(&mut rng);
@@ -351,7 +376,9 @@ pub fn run(seed: u64) {
         slots: (0..plan.instances).map(|_| Mutex::new(None)).collect(),
         frozen: Mutex::default(),
         commit,
-        reference: Reference::of(&plan.input),
+        metrics: Arc::default(),
+        mode: plan.mode,
+        reference: Reference::of(&plan.input, plan.mode),
         trace: Mutex::default(),
         depth: Mutex::new(0),
         faults: Mutex::new(true),
@@ -367,6 +394,7 @@ pub fn run(seed: u64) {
     for slot in &shared.slots {
         lock(slot).take();
     }
+    std::mem::take(&mut shared.model().counts)
 }
 
 /// Every fault heals: each instance runs (none frozen), and the input must be committed to its

@@ -41,6 +41,8 @@ pub struct Entry {
     pub lineage: Option<String>,
     /// The reason header, on dead-letter copies.
     pub reason: Option<String>,
+    /// The value as the reference writes an output (`oracle::canonical`).
+    pub canonical: String,
     /// The transaction it was written in (set when it is delivered); `None` for a marker.
     pub txn: Option<usize>,
 }
@@ -90,6 +92,8 @@ pub enum Heard {
 struct Queued {
     topic: String,
     partition: i32,
+    /// Its timestamp (`None`: the time of sending).
+    timestamp: Option<i64>,
     entry: Entry,
     index: usize,
 }
@@ -163,9 +167,23 @@ pub struct Model {
     pub send_faults: BTreeMap<usize, u32>,
     /// What the coordinators did, for the trace.
     pub log: Vec<String>,
+    /// How often each thing happened, for the run's coverage.
+    pub counts: BTreeMap<&'static str, u64>,
+    /// Each instance's member id now.
+    pub member_of: BTreeMap<usize, String>,
 }
 
 impl Model {
+    /// Counts one `what`.
+    pub fn count(&mut self, what: &'static str) {
+        *self.counts.entry(what).or_default() += 1;
+    }
+
+    /// Whether instance `i`'s member was expelled (or left) and has not joined again.
+    pub fn expelled(&self, i: usize) -> bool {
+        (self.member_of.get(&i)).is_none_or(|id| self.members.get(id).is_none_or(|m| m.gone))
+    }
+
     /// A cluster holding `input` in topic [`INPUT`], and the other topics empty.
     pub fn new(input: Vec<Vec<OwnedRecord>>, timeouts: Timeouts) -> Model {
         let n = input.len();
@@ -191,6 +209,8 @@ impl Model {
             end_faults: BTreeMap::new(),
             send_faults: BTreeMap::new(),
             log: Vec::new(),
+            counts: BTreeMap::new(),
+            member_of: BTreeMap::new(),
         }
     }
 
@@ -264,15 +284,16 @@ impl Model {
         };
         for (topic, p) in &txn.partitions {
             if let Some(log) = self.logs.get_mut(topic) {
-                log[*p as usize].push(Entry {
-                    key: None,
-                    value: None,
-                    lineage: None,
-                    reason: None,
-                    txn: None,
-                });
+                // A marker: of no transaction.
+                log[*p as usize].push(Entry::default());
             }
         }
+        let what = if commit {
+            "transactions committed"
+        } else {
+            "transactions aborted"
+        };
+        *self.counts.entry(what).or_default() += 1;
         if commit {
             let offsets = std::mem::take(&mut txn.offsets);
             self.log.push(format!(
@@ -321,11 +342,20 @@ impl Model {
     }
 
     /// Instance `i` sends a record: it waits in its producer until delivered.
-    pub fn send(&mut self, i: usize, topic: &str, partition: i32, entry: Entry, index: usize) {
+    pub fn send(
+        &mut self,
+        i: usize,
+        to: (&str, i32),
+        timestamp: Option<i64>,
+        entry: Entry,
+        index: usize,
+    ) {
+        let (topic, partition) = to;
         if let Some(c) = self.clients.get_mut(&i) {
             c.queue.push_back(Queued {
                 topic: topic.to_string(),
                 partition,
+                timestamp,
                 entry,
                 index,
             });
@@ -333,8 +363,8 @@ impl Model {
     }
 
     /// Delivers up to `n` of instance `i`'s records: each joins its open transaction, or is
-    /// refused (a record whose value holds `poison`, unless a dead-letter copy, is refused
-    /// for what it is), or fails (its epoch is fenced).
+    /// refused for what it is (a record with an odd timestamp, as a topic bounding timestamps
+    /// refuses it; the dead-letter topic takes any), or fails (its epoch is fenced).
     pub fn deliver(&mut self, i: usize, n: usize) {
         for _ in 0..n {
             let Some(c) = self.clients.get_mut(&i) else {
@@ -344,11 +374,7 @@ impl Model {
                 return;
             };
             let (id, epoch) = (c.id.clone(), c.epoch);
-            let poison = q.topic != DLQ
-                && q.entry
-                    .value
-                    .as_deref()
-                    .is_some_and(|v| v.windows(6).any(|w| w == b"poison"));
+            let poison = q.topic != DLQ && q.timestamp.is_some_and(|t| t % 2 != 0);
             let result = if poison {
                 Err(Some(q.index))
             } else {
@@ -368,6 +394,10 @@ impl Model {
             if let (Err(refused), Some(c)) = (result, self.clients.get_mut(&i)) {
                 c.failed = true;
                 c.rejected.extend(refused);
+                self.count(match refused {
+                    Some(_) => "records refused for what they are",
+                    None => "deliveries fenced",
+                });
             }
         }
     }
@@ -390,11 +420,15 @@ impl Model {
     ) -> Result<(), Code> {
         let (id, epoch) = self.client(i)?;
         let t = self.open(&id, epoch)?;
-        match self.members.get(member) {
-            None => return Err(Code::UnknownMemberId),
-            Some(m) if m.gone => return Err(Code::UnknownMemberId),
-            Some(_) if generation != self.generation => return Err(Code::IllegalGeneration),
-            Some(_) => {}
+        let refused = match self.members.get(member) {
+            None => Some(Code::UnknownMemberId),
+            Some(m) if m.gone => Some(Code::UnknownMemberId),
+            Some(_) if generation != self.generation => Some(Code::IllegalGeneration),
+            Some(_) => None,
+        };
+        if let Some(code) = refused {
+            self.count("offset commits fenced by the group");
+            return Err(code);
         }
         self.txns[t].offsets.extend(offsets.iter().cloned());
         Ok(())
@@ -457,10 +491,11 @@ impl Model {
 
     // ---- the group coordinator ------------------------------------------------------------
 
-    /// A new member joins: its id. The group rebalances.
-    pub fn join(&mut self) -> String {
+    /// Instance `i`'s new member joins: its id. The group rebalances.
+    pub fn join(&mut self, i: usize) -> String {
         self.next_member += 1;
         let id = format!("m{}", self.next_member);
+        self.member_of.insert(i, id.clone());
         self.members.insert(
             id.clone(),
             Member {
@@ -589,6 +624,7 @@ impl Model {
             self.owner.retain(|_, o| o != id);
         }
         if !expired.is_empty() {
+            self.count("sessions expired");
             self.rebalance();
         }
         let timed_out: Vec<usize> = (0..self.txns.len())
@@ -598,6 +634,7 @@ impl Model {
             })
             .collect();
         for t in timed_out {
+            self.count("transactions timed out");
             let id = self.txns[t].id.clone();
             self.end(t, false);
             if let Some((epoch, _)) = self.producers.get_mut(&id) {

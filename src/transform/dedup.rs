@@ -100,7 +100,8 @@ pub struct Dedup {
     owned: BTreeSet<Tp>,
     /// The longest key: its changelog record stays within --max-output-bytes.
     max_key: usize,
-    /// How far past its record's timestamp an event time read by --window-time may be (ms).
+    /// How far ahead of this host's clock (and of its record's timestamp, with --window-time)
+    /// an event time may be (ms).
     max_ahead: i64,
     /// Owned partitions whose state is not read back yet.
     unrestored: BTreeSet<Tp>,
@@ -439,6 +440,28 @@ impl Dedup {
         }
     }
 
+    /// An event time too far ahead, of the record's own timestamp (with `--window-time`) or of
+    /// this host's clock, is the record's fault: one wrong clock must not move the stream time
+    /// and make every later record late (the changelog would keep it so across restarts).
+    fn not_ahead(&self, input: &InputRecord<'_>, t: i64) -> Result<(), TransformError> {
+        let too_far = |from: i64, of: &str| {
+            bad(format!(
+                "event time {t} ms is {} s ahead of {of}, more than --window-max-ahead",
+                (t - from) / 1000
+            ))
+        };
+        if let Some(ts) = input.timestamp.filter(|_| self.time.is_some())
+            && t > ts.saturating_add(self.max_ahead)
+        {
+            return Err(too_far(ts, "the record's timestamp"));
+        }
+        let now = crate::clock::wall_ms();
+        if t > now.saturating_add(self.max_ahead) {
+            return Err(too_far(now, "this host's clock"));
+        }
+        Ok(())
+    }
+
     /// What the record becomes when it goes on, in `window`.
     fn output<'a>(
         &self,
@@ -759,16 +782,7 @@ impl Transform for Dedup {
         }
         let key = self.key_of(input)?;
         let t = self.time_of(input)?;
-        if let Some(ts) = input.timestamp.filter(|_| self.time.is_some())
-            && t > ts.saturating_add(self.max_ahead)
-        {
-            return Err(bad(format!(
-                "event time {t} ms is {} s past the record's timestamp, more than \
-                 --window-max-ahead",
-                (t - ts) / 1000
-            ))
-            .into());
-        }
+        self.not_ahead(input, t)?;
         let window = (self.seen.windows().of(t))
             .ok_or_else(|| bad(format!("event time {t} ms is outside years -9999 to 9999")))?;
         if key.len() > self.max_key {
@@ -1309,6 +1323,29 @@ mod tests {
         assert_eq!(at("b", 2 * HOUR, 2 * HOUR).unwrap(), 1);
         // Within the bound (23 h ahead) it is taken.
         assert_eq!(at("c", 25 * HOUR, 2 * HOUR).unwrap(), 1);
+    }
+
+    /// Without --window-time the event time is the record's timestamp: one further than
+    /// --window-max-ahead past this host's clock (a producer with a wrong clock) is refused,
+    /// and moves no stream time.
+    #[test]
+    fn a_timestamp_far_ahead_of_the_clock_is_a_bad_record_and_moves_nothing() {
+        let log = Log::default();
+        let mut d = dedup(&log, Late::Dlq);
+        let now = crate::clock::wall_ms();
+        match offer(&mut d, "a", now + 2 * 24 * HOUR) {
+            Err(Failure::BadRecord(e)) => {
+                assert_eq!(e.reason, Reason::DedupInput);
+                assert!(e.message.contains("this host's clock"), "{}", e.message);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(offer(&mut d, "b", now).unwrap(), 1, "not late");
+        assert_eq!(
+            offer(&mut d, "c", now + 23 * HOUR).unwrap(),
+            1,
+            "within the bound"
+        );
     }
 
     #[test]
