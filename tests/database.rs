@@ -380,6 +380,33 @@ fn mysql_rows_the_database_refuses_and_values_that_are_no_rows_go_to_the_dead_le
     refused_rows_to_the_dead_letter_table(Backend::Mysql);
 }
 
+/// MySQL bounds an idle session, not an idle transaction: exactly's sessions set
+/// `wait_timeout` to --db-statement-timeout (MariaDB's too), so a zombie's connection closes
+/// and its transaction rolls back. Its own connection, idle far longer between units, is kept
+/// alive: the next unit commits on it, with no abort and no reconnect.
+#[test]
+fn mysql_an_idle_connection_outlives_the_servers_idle_bound_and_nothing_aborts() {
+    let p = Pipeline::new(Backend::Mysql, "db-idle", 1);
+    let inputs = numbered(200, 1);
+    let mut a = p.start("a", &["--db-statement-timeout", "2s"]);
+    produce(&p.topics.input, &inputs[..100]);
+    p.wait_committed(100, Duration::from_secs(60), &[&a]);
+    // Three times the server's bound on an idle session.
+    std::thread::sleep(Duration::from_secs(6));
+    produce(&p.topics.input, &inputs[100..]);
+    p.wait_committed(200, Duration::from_secs(60), &[&a]);
+    for said in [
+        "transaction aborted",
+        "producer recreated",
+        "the database connection was lost; connecting again",
+        "the database connection did not answer while idle",
+    ] {
+        assert!(a.events(said).is_empty(), "{said}:\n{}", a.log_text());
+    }
+    a.stop_cleanly();
+    p.assert_exactly_once(200);
+}
+
 fn a_paused_instance_is_fenced(backend: Backend) {
     use nix::sys::signal::Signal;
 

@@ -25,6 +25,7 @@ fn target(backend: Backend, rows: &str, offsets: &str, group: &str, owner: &str)
         bounds: Bounds {
             statement: Duration::from_secs(10),
             idle_in_transaction: Duration::from_secs(30),
+            idle_session: None,
         },
         tables: vec![rows.to_string()],
         write: Write::Upsert,
@@ -330,6 +331,7 @@ fn mysql(bound: Duration, idle: Duration) -> exactly::db::mysql::Conn {
     let bounds = Bounds {
         statement: bound,
         idle_in_transaction: idle,
+        idle_session: None,
     };
     let url = db_url(Backend::Mysql);
     exactly::db::mysql::Conn::connect(&url, Some(&db_password()), bounds).expect("connected")
@@ -414,6 +416,100 @@ fn mysql_the_spark_recipes_kafka_offset_is_an_offsets_table_and_an_old_job_writi
     let late = s.advance("in", &[advance(3, None, 5, fresh[0].epoch)]);
     assert_eq!(late.unwrap(), [3]);
     s.rollback().unwrap();
+}
+
+/// MySQL has no bound on an idle transaction, only on an idle session (`wait_timeout`): the
+/// sink's sessions set it, and a zombie's open transaction ends with its connection. Shown
+/// on MariaDB as MySQL would be: without its idle-transaction bound (0: none).
+#[test]
+fn mysql_a_zombies_transaction_ends_with_its_idle_session() {
+    let sql = Sql::connect(Backend::Mysql);
+    let table = unique_table("idle");
+    sql.batch(&format!(
+        "CREATE TABLE `{table}` (id INT PRIMARY KEY, n INT)"
+    ));
+    sql.batch(&format!("INSERT INTO `{table}` VALUES (1, 1)"));
+    let bounds = Bounds {
+        statement: Duration::from_secs(5),
+        idle_in_transaction: Duration::from_secs(5),
+        idle_session: Some(Duration::from_secs(1)),
+    };
+    let url = db_url(Backend::Mysql);
+    let zombie = exactly::db::mysql::Conn::connect(&url, Some(&db_password()), bounds).unwrap();
+    zombie
+        .batch("SET SESSION idle_transaction_timeout = 0")
+        .unwrap();
+    zombie.batch("START TRANSACTION").unwrap();
+    zombie
+        .batch(&format!("UPDATE `{table}` SET n = 4 WHERE id = 1"))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    // The row is free: another writer takes its lock at once.
+    let other = mysql(Duration::from_secs(5), Duration::from_secs(30));
+    other
+        .batch(&format!("UPDATE `{table}` SET n = 5 WHERE id = 1"))
+        .unwrap();
+    let e = zombie.batch("COMMIT").unwrap_err();
+    assert!(e.closed, "{e:?}");
+    assert_eq!(
+        sql.count(&format!("SELECT n FROM `{table}` WHERE id = 1")),
+        5
+    );
+}
+
+/// The recipes create `kafka_offset` with the server's collation, which ignores case: names
+/// still compare exactly. A group or topic whose name collides with another's there is
+/// refused, with the fix; once the names are exact, the two keep their own rows.
+#[test]
+fn mysql_a_kafka_offset_table_blind_to_case_never_lets_two_groups_share_rows() {
+    let sql = Sql::connect(Backend::Mysql);
+    let rows = sales(&sql);
+    let table = unique_table("kafka_offset");
+    sql.batch(&format!(
+        "CREATE TABLE `{table}` (group_id VARCHAR(255) NOT NULL, topic VARCHAR(255) NOT NULL,
+           partition_id INT NOT NULL, fromOffset BIGINT NOT NULL, untilOffset BIGINT NOT NULL,
+           PRIMARY KEY (group_id, topic, partition_id)) CHARACTER SET utf8mb4
+           COLLATE utf8mb4_general_ci"
+    ));
+    sql.batch(&format!(
+        "REPLACE INTO `{table}` VALUES ('orders', 'in', 0, 90, 100), ('g', 'IN', 0, 5, 7)"
+    ));
+    let t = |group: &str| {
+        let mut t = target(Backend::Mysql, &rows, &table, group, "a");
+        t.layout = Layout::KafkaOffset;
+        t
+    };
+    let refused = |f: db::Failure, other: &str| {
+        assert_eq!(f.kind, Kind::Setup, "{f:?}");
+        assert!(f.message.contains(&format!("'{other}'")), "{f:?}");
+        assert!(f.message.contains("COLLATE utf8mb4_bin"), "{f:?}");
+    };
+    match db::open(&t("Orders")) {
+        Err(NotOpen { step, failure }) => {
+            assert_eq!(step, Step::Offsets);
+            refused(failure, "orders");
+        }
+        Ok(_) => panic!("group Orders opened a table holding orders's rows"),
+    }
+    let g = open(&t("g"));
+    refused(g.claim("in", &[(0, None)]).unwrap_err(), "IN");
+    // Exact names: Orders's rows are its own, orders's stay as they were.
+    sql.batch(&format!(
+        "ALTER TABLE `{table}` MODIFY group_id VARCHAR(255) CHARACTER SET utf8mb4 COLLATE
+           utf8mb4_bin NOT NULL, MODIFY topic VARCHAR(255) CHARACTER SET utf8mb4 COLLATE
+           utf8mb4_bin NOT NULL"
+    ));
+    let s = open(&t("Orders"));
+    let got = s.claim("in", &[(0, Some(3))]).unwrap();
+    assert_eq!(got[0].next, Some(3), "its own row, seeded: {got:?}");
+    s.begin(false).unwrap();
+    let moves = [advance(0, Some(3), 4, got[0].epoch)];
+    assert!(s.advance("in", &moves).unwrap().is_empty());
+    s.commit().unwrap();
+    let theirs = sql.rows(&format!(
+        "SELECT untilOffset FROM `{table}` WHERE group_id = 'orders' COLLATE utf8mb4_bin"
+    ));
+    assert_eq!(theirs, vec![vec![Some("100".to_string())]]);
 }
 
 #[test]

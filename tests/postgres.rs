@@ -15,6 +15,7 @@ fn connect(statement: Duration) -> Db {
     let bounds = Bounds {
         statement,
         idle_in_transaction: Duration::from_secs(30),
+        idle_session: None,
     };
     Db::connect(&url, Some(&password), bounds).expect("connected")
 }
@@ -92,6 +93,7 @@ fn a_wrong_password_or_a_closed_port_fails_to_connect_saying_why() {
     let bounds = Bounds {
         statement: Duration::from_secs(5),
         idle_in_transaction: Duration::from_secs(5),
+        idle_session: None,
     };
     let e = Db::connect(&url, Some("wrong"), bounds)
         .err()

@@ -397,6 +397,7 @@ impl AuditDbArgs {
             bounds: crate::db::Bounds {
                 statement: timeout,
                 idle_in_transaction: timeout,
+                idle_session: None,
             },
             rows: table,
             lineage_column,
@@ -416,8 +417,10 @@ impl DbConfig {
                 statement: self.statement_timeout,
                 // A commit's statements run back to back: an open transaction idle for
                 // longer is a zombie's (a paused process), whose locks a new owner's claim
-                // waits for.
+                // waits for. MySQL bounds only an idle session: the sink's keeps itself
+                // alive, a zombie's does not.
                 idle_in_transaction: self.statement_timeout,
+                idle_session: Some(self.statement_timeout),
             },
             tables: self.tables.clone(),
             write: match self.mode {

@@ -162,6 +162,11 @@ pub struct Bounds {
     pub statement: Duration,
     /// The server's bound on an idle open transaction: a zombie's transaction ends.
     pub idle_in_transaction: Duration,
+    /// The server's bound on an idle session, where it has no bound on an idle transaction
+    /// alone (MySQL's `wait_timeout`, set on MariaDB too, alike): a zombie's connection
+    /// closes, and its transaction rolls back. The sink keeps its own connection alive while
+    /// it is idle ([`Session::keepalive`]); `None` (a reader): the server's default.
+    pub idle_session: Option<Duration>,
 }
 
 impl Bounds {
@@ -328,6 +333,12 @@ pub trait Session: Send {
     fn advance(&self, topic: &str, moves: &[Advance]) -> Result<Vec<i32>, Failure>;
     /// Commits the open transaction.
     fn commit(&self) -> Result<(), Failure>;
+    /// Between transactions: a round trip if the connection has been idle for half the
+    /// server's bound on an idle session ([`Bounds::idle_session`]), so that the server closes
+    /// only a connection whose process stopped answering.
+    fn keepalive(&self) -> Result<(), Failure> {
+        Ok(())
+    }
     /// Rolls the open transaction back.
     fn rollback(&self) -> Result<(), Failure>;
     /// What the offsets table holds for `partitions` of `topic`, for the rows there are.

@@ -142,6 +142,9 @@ impl Session {
             self.rewind_now(group)?;
             return Ok(self.next_poll());
         }
+        if record.is_none() {
+            self.writer.driver.keepalive();
+        }
         match (&mut self.intake, record) {
             (Intake::Direct(t), Some(r)) => {
                 let fate = self.writer.write(r, || t.apply(r))?;

@@ -524,6 +524,18 @@ impl Sink for Database {
             .collect())
     }
 
+    fn keepalive(&mut self) {
+        let Some(db) = &self.db else {
+            return;
+        };
+        if let Err(f) = db.keepalive() {
+            info!(error = %f, "the database connection did not answer while idle; it is opened again before its next use");
+            if f.closed || !db.usable() {
+                self.db = None;
+            }
+        }
+    }
+
     fn claim(
         &mut self,
         partitions: &[Tp],

@@ -169,6 +169,13 @@ impl Driver {
         Ok(Began::RewindOwed)
     }
 
+    /// Nothing was read this turn: between units, the sink keeps an idle connection alive.
+    pub fn keepalive(&mut self) {
+        if matches!(self.state, State::Idle) {
+            self.sink.keepalive();
+        }
+    }
+
     /// Counts one input record into the open unit.
     pub fn consumed(&mut self, record: Consumed<'_>) {
         if let State::Open(u) = &mut self.state {

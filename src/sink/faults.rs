@@ -145,6 +145,10 @@ impl Sink for Faults {
         self.inner.ended()
     }
 
+    fn keepalive(&mut self) {
+        self.inner.keepalive()
+    }
+
     fn refuser(&self) -> crate::transform::Refuser {
         self.inner.refuser()
     }

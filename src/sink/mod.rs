@@ -145,6 +145,10 @@ pub trait Sink: Send {
     /// Who refuses its records for what they are (the DLQ reason and header of a copy). No
     /// default: a sink in front of another must pass it on.
     fn refuser(&self) -> Refuser;
+    /// Nothing is open and nothing was read this turn: a connection that the destination
+    /// closes when it is idle (MySQL's `wait_timeout`) is kept alive, so that it closes only
+    /// one whose process stopped (a zombie's, and its transaction with it).
+    fn keepalive(&mut self) {}
     /// How an open unit ends when `abort` succeeds: aborted on the broker, or (at least
     /// once) dropped, its outputs left where they are.
     fn ended(&self) -> Ended {

@@ -54,6 +54,7 @@ impl Sql {
         let bounds = Bounds {
             statement: Duration::from_secs(10),
             idle_in_transaction: Duration::from_secs(30),
+            idle_session: None,
         };
         Ok(match backend {
             Backend::Postgres => Sql::Postgres(exactly::db::postgres::Db::connect(

@@ -7,7 +7,10 @@
 //! error, never a warning and a 0) and `READ COMMITTED` (little gap locking between writers of
 //! one table); the server bounds a lock wait (`innodb_lock_wait_timeout`) and, on MariaDB, a
 //! statement (`max_statement_time`) and a zombie's open transaction
-//! (`idle_transaction_timeout`). The client has no query timeout of its own: a call past its
+//! (`idle_transaction_timeout`); MySQL has no bound on an idle transaction, only on an idle
+//! session (`wait_timeout`), which the sink's sessions set on both and keep alive while idle
+//! ([`Session::keepalive`]), so that only a zombie's connection (and its transaction) ends.
+//! The client has no query timeout of its own: a call past its
 //! bound drops the connection and ends it on the server (`KILL CONNECTION`, from a second
 //! one), so it is not used again.
 //!
@@ -130,6 +133,8 @@ pub struct Conn {
     mariadb: bool,
     /// The server's `max_allowed_packet`.
     max_packet: usize,
+    /// When the last call ended.
+    last: Mutex<std::time::Instant>,
 }
 
 impl Conn {
@@ -185,7 +190,16 @@ impl Conn {
             bounds,
             mariadb,
             max_packet,
+            last: Mutex::new(std::time::Instant::now()),
         })
+    }
+
+    /// How long since the last call ended.
+    pub fn idle(&self) -> Duration {
+        self.last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed()
     }
 
     /// Runs `work` with the connection, bounded: the server ends a lock wait (and on MariaDB
@@ -205,7 +219,9 @@ impl Conn {
             return Err(Failure::client("the connection is closing".into()));
         };
         let wait = self.bounds.client_wait();
-        match runtime.block_on(async { tokio::time::timeout(wait, work(conn)).await }) {
+        let done = runtime.block_on(async { tokio::time::timeout(wait, work(conn)).await });
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = std::time::Instant::now();
+        match done {
             Ok(Ok(done)) => Ok(done),
             Ok(Err(e)) => {
                 let failure = Failure::from(e);
@@ -306,6 +322,9 @@ fn session_setup(bounds: &Bounds, mariadb: bool) -> Vec<String> {
             bounds.statement.as_millis().max(1)
         ));
     }
+    if let Some(idle) = bounds.idle_session {
+        sql.push(format!("SET SESSION wait_timeout = {}", seconds(idle)));
+    }
     sql
 }
 
@@ -381,6 +400,13 @@ impl Session for My {
     fn begin(&self, _immediate: bool) -> Result<(), Failure> {
         // No deferred constraints: each statement is checked as it runs.
         self.conn.batch("START TRANSACTION")
+    }
+
+    fn keepalive(&self) -> Result<(), Failure> {
+        match self.conn.bounds.idle_session {
+            Some(idle) if self.conn.idle() >= idle / 2 => self.conn.batch("DO 1"),
+            _ => Ok(()),
+        }
     }
 
     fn tables(&self) -> &[Described] {
@@ -534,6 +560,7 @@ mod tests {
         let bounds = Bounds {
             statement: Duration::from_millis(2500),
             idle_in_transaction: Duration::from_millis(200),
+            idle_session: None,
         };
         let maria = session_setup(&bounds, true).join("; ");
         assert!(maria.contains("STRICT_ALL_TABLES"), "{maria}");
@@ -543,5 +570,24 @@ mod tests {
         assert!(maria.contains("idle_transaction_timeout = 1"), "{maria}");
         let mysql = session_setup(&bounds, false).join("; ");
         assert!(mysql.contains("max_execution_time = 2500") && !mysql.contains("idle_"));
+        assert!(
+            !mysql.contains(" wait_timeout"),
+            "a reader's: the server's default"
+        );
+    }
+
+    /// MySQL has no bound on an idle transaction: the sink's session bounds an idle session
+    /// instead (a zombie's connection closes, its transaction rolls back), on MariaDB alike.
+    #[test]
+    fn the_sinks_session_bounds_an_idle_session_where_the_server_has_nothing_else() {
+        let bounds = Bounds {
+            statement: Duration::from_millis(2500),
+            idle_in_transaction: Duration::from_millis(2500),
+            idle_session: Some(Duration::from_millis(2500)),
+        };
+        for mariadb in [false, true] {
+            let sql = session_setup(&bounds, mariadb).join("; ");
+            assert!(sql.contains("SET SESSION wait_timeout = 3"), "{sql}");
+        }
     }
 }

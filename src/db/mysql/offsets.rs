@@ -12,6 +12,12 @@
 //!
 //! Epochs come from a one-row table, `<table>_epoch` (`LAST_INSERT_ID(epoch + 1)`: MySQL has
 //! no sequences), so an epoch never repeats, even for a row deleted and seeded again.
+//!
+//! Group and topic names compare exactly ([`NAMES`]), whatever the columns' collation: the
+//! recipes create `kafka_offset` with the server's default, which ignores case (and accents),
+//! and under it `Orders` would read and move `orders`'s rows. Such a table cannot hold both
+//! (its key ignores case too): a group or topic whose name collides with another's there is
+//! refused, with the `ALTER TABLE` that makes the names exact.
 
 use mysql_async::Value;
 use mysql_async::prelude::Queryable;
@@ -21,6 +27,11 @@ use crate::db::{Advance, Claimed, Failure, Layout, in_claim_order, partitions_on
 
 /// Moves per statement: well under MySQL's 65,535 placeholders.
 const CHUNK: usize = 1000;
+
+/// A group's rows of a topic, the names compared exactly: case-blind first (an index on the
+/// names serves it), then as they are ([`Offsets::names`]'s parameters).
+const NAMES: &str = "group_id = ? AND topic = ? AND group_id = ? COLLATE utf8mb4_bin \
+                     AND topic = ? COLLATE utf8mb4_bin";
 
 /// The offsets table, for one group, as one owner.
 #[derive(Clone, Debug)]
@@ -107,18 +118,57 @@ impl Offsets {
                 conn.batch(&sql)?;
             }
         }
-        Ok(())
+        self.collisions(conn, &self.table, None)
     }
 
     /// `WHERE` for this group's rows of `topic` among `partitions`, and its parameters.
     fn rows_of(&self, topic: &str, partitions: &[i32]) -> (String, Vec<Value>) {
         let marks = vec!["?"; partitions.len()].join(", ");
-        let mut params = vec![Value::from(&self.group), Value::from(topic)];
+        let mut params = self.names(topic).to_vec();
         params.extend(partitions.iter().map(|p| Value::from(*p)));
-        (
-            format!("group_id = ? AND topic = ? AND partition_id IN ({marks})"),
-            params,
-        )
+        (format!("{NAMES} AND partition_id IN ({marks})"), params)
+    }
+
+    /// The parameters of [`NAMES`] for this group's rows of `topic`.
+    fn names(&self, topic: &str) -> [Value; 4] {
+        let (g, t) = (Value::from(&self.group), Value::from(topic));
+        [g.clone(), t.clone(), g, t]
+    }
+
+    /// Refuses a table whose names collide with this group's or `topic` under their columns'
+    /// collation (another group's rows would be taken for this one's; or rows could not be
+    /// written, the key ignoring the difference).
+    fn collisions(&self, conn: &Conn, table: &str, topic: Option<&str>) -> Result<(), Failure> {
+        let (column, sql, params) = match topic {
+            None => (
+                "group_id",
+                format!(
+                    "SELECT DISTINCT group_id FROM {table} WHERE group_id = ? AND \
+                     group_id <> ? COLLATE utf8mb4_bin LIMIT 1"
+                ),
+                vec![Value::from(&self.group), Value::from(&self.group)],
+            ),
+            Some(t) => (
+                "topic",
+                format!(
+                    "SELECT DISTINCT topic FROM {table} WHERE group_id = ? COLLATE utf8mb4_bin \
+                     AND topic = ? AND topic <> ? COLLATE utf8mb4_bin LIMIT 1"
+                ),
+                vec![Value::from(&self.group), Value::from(t), Value::from(t)],
+            ),
+        };
+        let other: Option<String> = conn.call(async |c| c.exec_first(sql, params).await)?;
+        let Some(other) = other else {
+            return Ok(());
+        };
+        let ours = topic.unwrap_or(&self.group);
+        Err(Failure::setup(format!(
+            "{table}'s {column} ignores case or accents (its collation), and holds rows of \
+             '{other}', which it cannot tell from '{ours}': they would share rows. Make the \
+             names exact (ALTER TABLE {table} MODIFY group_id VARCHAR(255) CHARACTER SET \
+             utf8mb4 COLLATE utf8mb4_bin NOT NULL, MODIFY topic VARCHAR(255) CHARACTER SET \
+             utf8mb4 COLLATE utf8mb4_bin NOT NULL), or choose another name"
+        )))
     }
 
     /// Claims `partitions` of `topic`, each with its seed (the group's Kafka offset) for a row
@@ -138,6 +188,7 @@ impl Offsets {
              ON DUPLICATE KEY UPDATE epoch = LAST_INSERT_ID(epoch + 1)",
             self.epochs
         );
+        self.collisions(conn, &self.table, Some(topic))?;
         conn.batch("START TRANSACTION")?;
         let claimed = self.claim_in_transaction(conn, &bump, topic, &partitions);
         let rows = match claimed {
@@ -285,7 +336,7 @@ impl Offsets {
         for m in moves {
             params.extend([Value::from(m.partition), Value::from(m.to)]);
         }
-        params.extend([Value::from(&self.group), Value::from(topic)]);
+        params.extend(self.names(topic));
         let matches =
             vec!["(partition_id = ? AND next_offset <=> ? AND owner_epoch = ?)"; moves.len()]
                 .join(" OR ");
@@ -299,7 +350,7 @@ impl Offsets {
         let sql = format!(
             "UPDATE {} SET next_offset = CASE partition_id {cases} END,
                updated = CURRENT_TIMESTAMP(6)
-             WHERE group_id = ? AND topic = ? AND ({matches})",
+             WHERE {NAMES} AND ({matches})",
             self.table
         );
         let matched = conn.call(async |c| {
@@ -318,14 +369,14 @@ impl Offsets {
         topic: &str,
         moves: &[Advance],
     ) -> Result<bool, Failure> {
-        let mut params = vec![Value::from(&self.group), Value::from(topic)];
+        let mut params = self.names(topic).to_vec();
         for m in moves {
             params.extend([Value::from(m.partition), Value::from(m.epoch)]);
         }
         let owned = vec!["(partition_id = ? AND owner_epoch = ?)"; moves.len()].join(" OR ");
         let sql = format!(
             "UPDATE {} SET updated = CURRENT_TIMESTAMP(6)
-             WHERE group_id = ? AND topic = ? AND ({owned})",
+             WHERE {NAMES} AND ({owned})",
             self.owners
         );
         let matched = conn.call(async |c| {
@@ -346,7 +397,7 @@ impl Offsets {
                     params.extend([Value::from(m.partition), Value::from(value)]);
                 }
             }
-            params.extend([Value::from(&self.group), Value::from(topic)]);
+            params.extend(self.names(topic));
             for m in &moved {
                 params.extend([Value::from(m.partition), Value::from(m.from)]);
             }
@@ -354,7 +405,7 @@ impl Offsets {
             let sql = format!(
                 "UPDATE {} SET fromOffset = CASE partition_id {cases} END,
                    untilOffset = CASE partition_id {cases} END
-                 WHERE group_id = ? AND topic = ? AND ({matches})",
+                 WHERE {NAMES} AND ({matches})",
                 self.table
             );
             let matched = conn.call(async |c| {
