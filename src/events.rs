@@ -219,10 +219,15 @@ impl DatabaseFailed<'_> {
     }
 }
 
-/// The database refused a row for what it holds: its copy goes by --on-error.
+/// The database refused a row for what it holds: its copy goes by --on-error (the record it
+/// came from is named when its replay sends the copy).
 pub struct RowRefused<'a> {
-    /// Its send's index in the unit.
-    pub index: usize,
+    /// Its table.
+    pub table: &'a str,
+    /// Its place among the unit's rows (from 0).
+    pub position: Option<usize>,
+    /// How many rows the unit wrote.
+    pub rows: usize,
     /// The server's code.
     pub code: Option<&'a str>,
     /// The server's message.
@@ -232,7 +237,8 @@ pub struct RowRefused<'a> {
 impl RowRefused<'_> {
     /// Logs and counts it.
     pub fn emit(&self, m: &Metrics) {
-        warn!(index = self.index, code = self.code, error = %self.error, "the database refused a row");
+        let (table, position, rows, code) = (self.table, self.position, self.rows, self.code);
+        warn!(table, position, rows, code, error = %self.error, "the database refused a row");
         m.database_rows.with_label_values(&["refused"]).inc();
     }
 }
@@ -349,17 +355,23 @@ impl TransactionAborted {
     }
 }
 
-/// A new producer replaced one that was fenced or broken.
+/// A new client of the sink replaced one that was fenced or broken: a producer, or a database
+/// connection.
 pub struct ProducerRecreated {
     /// Why the old one went.
     pub reason: AbortReason,
+    /// Where outputs go: the broker (a producer) or the database (a connection).
+    pub to: transform::Refuser,
 }
 
 impl ProducerRecreated {
     /// Logs and counts it.
     pub fn emit(&self, m: &Metrics) {
         let reason = self.reason.as_str();
-        warn!(reason, "producer recreated");
+        match self.to {
+            transform::Refuser::Broker => warn!(reason, "producer recreated"),
+            transform::Refuser::Database => warn!(reason, "database connection replaced"),
+        }
         m.producer_recreations.with_label_values(&[reason]).inc();
     }
 }
@@ -442,6 +454,9 @@ pub struct BadRecord<'a> {
     pub error: &'a transform::TransformError,
     /// `Some(form)`: written to the DLQ as this copy; `None`: skipped.
     pub dead_letter: Option<&'a dyn std::fmt::Debug>,
+    /// Where outputs go: the dead-letter copy goes to a topic (the broker's) or a table (the
+    /// database's).
+    pub to: transform::Refuser,
 }
 
 impl BadRecord<'_> {
@@ -449,12 +464,16 @@ impl BadRecord<'_> {
     pub fn emit(&self) {
         let (topic, partition, offset) = (self.topic, self.partition, self.offset);
         let (reason, error) = (self.error.reason.as_str(), &self.error.message);
-        match self.dead_letter {
-            Some(copy) => warn!(
+        match (self.dead_letter, self.to) {
+            (Some(copy), transform::Refuser::Broker) => warn!(
                 topic, partition, offset, reason, error = %error, copy = ?copy,
                 "record to the dead-letter topic"
             ),
-            None => warn!(topic, partition, offset, reason, error = %error, "record skipped"),
+            (Some(copy), transform::Refuser::Database) => warn!(
+                topic, partition, offset, reason, error = %error, copy = ?copy,
+                "record to the dead-letter table"
+            ),
+            (None, _) => warn!(topic, partition, offset, reason, error = %error, "record skipped"),
         }
     }
 }
@@ -542,6 +561,7 @@ mod tests {
         .emit(&m);
         ProducerRecreated {
             reason: AbortReason::CommitFenced,
+            to: transform::Refuser::Broker,
         }
         .emit(&m);
         Rebalanced {

@@ -177,10 +177,21 @@ impl Pipeline {
         }
     }
 
+    /// The Kafka group's copy holds the table's offsets (the lag tools read the group), and the
+    /// audit finds the group at the end.
+    fn assert_group_holds_the_table(&self) {
+        let in_table = self.committed(&self.sql());
+        let in_group = committed_total(&self.group, &self.topics.input);
+        assert_eq!(in_group, in_table, "{:?}: the group's copy", self.backend);
+        let (code, report) = self.audit();
+        assert_eq!(code, 0, "{report:#}");
+        assert_eq!(report["group_reached_end"], true, "{report:#}");
+    }
+
     /// `exactly audit` over the table (the range: all of the input).
     fn audit(&self) -> (i32, serde_json::Value) {
         let b = bootstrap();
-        audit_json(&[
+        let mut args = vec![
             "--bootstrap-servers",
             &b,
             "--input-topics",
@@ -193,11 +204,18 @@ impl Pipeline {
             &self.table,
             "--db-lineage-column",
             "lineage",
+            "--db-offsets-table",
+            &self.offsets,
             "--db-password-env",
             "EXACTLY_TEST_STORE_PASSWORD",
             "--jq",
             &self.jq,
-        ])
+        ];
+        // The run's layout of the offsets table.
+        if let Some(at) = self.db_args.iter().position(|a| a == "--db-offsets-layout") {
+            args.extend(["--db-offsets-layout", self.db_args[at + 1].as_str()]);
+        }
+        audit_json(&args)
     }
 
     /// Every n of 0..total exactly once, each doubled, each with its input's lineage.
@@ -247,6 +265,10 @@ fn kill_9_and_a_crash_between_the_commit_and_the_groups_copy(backend: Backend) {
         committed_total(&p.group, &p.topics.input),
     );
     assert!(in_table > in_group, "table {in_table}, group {in_group}");
+    // The audit judges what the table says was processed, not the group's copy.
+    let (code, report) = p.audit();
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["pending"], 4000 - in_table, "{report:#}");
     let mut ex = p.start("a", &["--commit-interval", "50ms"]);
     p.wait_committed(2500, Duration::from_secs(60), &[&ex]);
     ex.kill9();
@@ -320,6 +342,7 @@ fn refused_rows_to_the_dead_letter_table(backend: Backend) {
     let mut ex = p.start("a", &[]);
     p.wait_committed(total, Duration::from_secs(60), &[&ex]);
     ex.stop_cleanly();
+    database_words(&ex, &p.table, backend);
     let sql = p.sql();
     let t = sql.quote(&p.table);
     let bad = [3, 5, 7, 103, 107, 203, 207];
@@ -369,6 +392,39 @@ fn refused_rows_to_the_dead_letter_table(backend: Backend) {
     assert_eq!(reasons.count(), bad.len(), "{dead:?}");
 }
 
+/// What the log says of rows the database refused: the database, the table, each row's
+/// place among its unit's rows, and each record (its real partition and offset) whose
+/// dead-letter copy goes to a table; never the broker, never a dead-letter topic.
+fn database_words(ex: &Exactly, table: &str, backend: Backend) {
+    let log = ex.log_text();
+    for said in [
+        "the broker rejected a record; its replay sends the dead-letter copy",
+        "the broker rejected records together; their replay sends each alone to find which \
+         one is at fault",
+        "record to the dead-letter topic",
+    ] {
+        assert!(ex.events(said).is_empty(), "{backend:?}: {said}\n{log}");
+    }
+    let rows = ex.events("the database refused a row");
+    assert!(!rows.is_empty(), "{backend:?}: {log}");
+    for r in &rows {
+        assert_eq!(r["table"], table, "{r}");
+        assert!(r["position"].as_u64() < r["rows"].as_u64(), "{r}");
+    }
+    // The bad inputs are odd: partition 1, offset (n - 1) / 2.
+    let records =
+        ex.events("the database refused a record's row; its replay sends the dead-letter copy");
+    let named: std::collections::BTreeSet<(i64, i64)> = (records.iter())
+        .filter_map(|r| Some((r["partition"].as_i64()?, r["offset"].as_i64()?)))
+        .collect();
+    let bad = [3, 5, 7, 103, 107, 203, 207].map(|n| (1, (n - 1) / 2));
+    assert_eq!(named, bad.into_iter().collect(), "{records:?}");
+    assert!(
+        !ex.events("record to the dead-letter table").is_empty(),
+        "{log}"
+    );
+}
+
 #[test]
 fn postgres_rows_the_database_refuses_and_values_that_are_no_rows_go_to_the_dead_letter_table_once()
 {
@@ -397,7 +453,7 @@ fn mysql_an_idle_connection_outlives_the_servers_idle_bound_and_nothing_aborts()
     p.wait_committed(200, Duration::from_secs(60), &[&a]);
     for said in [
         "transaction aborted",
-        "producer recreated",
+        "database connection replaced",
         "the database connection was lost; connecting again",
         "the database connection did not answer while idle",
     ] {
@@ -435,6 +491,7 @@ fn a_paused_instance_is_fenced(backend: Backend) {
     a.stop_cleanly();
     b.stop_cleanly();
     p.assert_exactly_once(total as i64);
+    p.assert_group_holds_the_table();
     let fenced = a.events("transaction aborted");
     assert!(
         fenced.iter().any(|ev| ev["reason"] == "partition_claimed"),

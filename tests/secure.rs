@@ -403,6 +403,11 @@ fn each_missing_permission_stops_exactly_naming_it_with_no_partial_output() {
                 "may not write the dead-letter topic '{0}': grant the principal WRITE on topic '{0}'",
                 topics.dlq
             ),
+            // Its id (`<group>-<instance>`), and the grant.
+            "no-txn-write" => format!(
+                "may not use the transactional id '{group}-{principal}': grant the principal \
+                 WRITE on transactional-id '{group}-{principal}'"
+            ),
             _ => cause.to_string(),
         };
         assert!(

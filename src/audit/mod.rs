@@ -67,7 +67,11 @@ pub fn run(config: AuditConfig) -> Result<Report, Error> {
     };
     let mut history = read::collect(&config.plan)?;
     let rows = match &config.db {
-        Some(target) => Some(table::read(target, &mut history)?),
+        Some(target) => Some(table::read(
+            target,
+            config.plan.group.as_deref(),
+            &mut history,
+        )?),
         None => None,
     };
     let mut replay = match (&t.spec, transform) {

@@ -19,7 +19,13 @@ use crate::headers::{self, ERROR_REASON, LINEAGE};
 
 /// Reads `target`'s rows and dead-letter copies into `history`, as outputs and DLQ records
 /// (their lineage and reason as headers, no values): the reader, to compare with later.
-pub fn read(target: &ReadTarget, history: &mut History) -> Result<Table, Error> {
+/// With `group`, what it processed is what the offsets table says (the Kafka group holds a
+/// copy, for the lag tools), read first: every input below it has its rows by then.
+pub fn read(
+    target: &ReadTarget,
+    group: Option<&str>,
+    history: &mut History,
+) -> Result<Table, Error> {
     let reader = db::open_reader(target).map_err(|e| {
         let flag = match e.step {
             db::Step::Connect => "--db-url",
@@ -29,6 +35,10 @@ pub fn read(target: &ReadTarget, history: &mut History) -> Result<Table, Error> 
         Error::Store(format!("{flag}: {}", e.failure))
     })?;
     let failed = |e: db::Failure| Error::Store(format!("--db-url: {e}"));
+    if let Some(group) = group {
+        let offsets = |e: db::Failure| Error::Store(format!("--db-offsets-table: {e}"));
+        history.committed = Some(table_offsets(&*reader, group, history).map_err(offsets)?);
+    }
     let (lineages, without) = reader.lineages().map_err(failed)?;
     let row = |i: usize, headers| Rec {
         topic: target.rows.clone(),
@@ -141,6 +151,27 @@ fn overwrites(holder: &Lineage, l: &Lineage) -> bool {
     (&holder.0, holder.1) != (&l.0, l.1) || (holder.2, holder.3) > (l.2, l.3)
 }
 
+/// The offsets table's next offsets of `group` for the partitions of `history`'s range.
+fn table_offsets(
+    reader: &dyn Reader,
+    group: &str,
+    history: &History,
+) -> Result<std::collections::BTreeMap<(String, i32), i64>, db::Failure> {
+    let mut by_topic: std::collections::BTreeMap<&str, Vec<i32>> = Default::default();
+    for (t, p) in history.range.keys() {
+        by_topic.entry(t).or_default().push(*p);
+    }
+    let mut committed = std::collections::BTreeMap::new();
+    for (topic, partitions) in by_topic {
+        for (p, next) in reader.offsets(group, topic, &partitions)? {
+            if let Some(next) = next {
+                committed.insert((topic.to_string(), p), next);
+            }
+        }
+    }
+    Ok(committed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,6 +187,15 @@ mod tests {
     }
 
     impl Reader for Fake {
+        fn offsets(
+            &self,
+            _: &str,
+            _: &str,
+            _: &[i32],
+        ) -> Result<Vec<(i32, Option<i64>)>, db::Failure> {
+            Ok(Vec::new())
+        }
+
         fn lineages(&self) -> Result<(Vec<String>, usize), db::Failure> {
             Ok((self.rows.iter().map(|r| r.0.clone()).collect(), 0))
         }

@@ -369,6 +369,21 @@ pub struct AuditDbArgs {
         requires = "db_url"
     )]
     pub db_dlq_table: Option<String>,
+
+    /// The offsets table (the run's --db-offsets-table): with --group-id, what the group
+    /// processed is what the table says, not the Kafka group's copy [default: exactly_offsets,
+    /// or kafka_offset with --db-offsets-layout kafka-offset].
+    #[arg(
+        long,
+        env = "EXACTLY_DB_OFFSETS_TABLE",
+        value_name = "TABLE",
+        requires = "db_url"
+    )]
+    pub db_offsets_table: Option<String>,
+
+    /// Its layout (the run's --db-offsets-layout).
+    #[arg(long, env = "EXACTLY_DB_OFFSETS_LAYOUT", value_enum, default_value_t = OffsetsLayout::Exactly, requires = "db_url")]
+    pub db_offsets_layout: OffsetsLayout,
 }
 
 impl AuditDbArgs {
@@ -390,6 +405,17 @@ impl AuditDbArgs {
                 "--db-lineage-column: '{lineage_column}' is not a column name (letters, digits and _)"
             )));
         }
+        let layout = match self.db_offsets_layout {
+            OffsetsLayout::Exactly => Layout::Exactly,
+            OffsetsLayout::KafkaOffset => Layout::KafkaOffset,
+        };
+        let offsets = match (&self.db_offsets_table, layout) {
+            (Some(t), _) => t.clone(),
+            (None, Layout::Exactly) => "exactly_offsets".into(),
+            (None, Layout::KafkaOffset) => "kafka_offset".into(),
+        };
+        crate::db::name_parts(&offsets)
+            .map_err(|e| Error::Config(format!("--db-offsets-table: {e}")))?;
         Ok(Some(ReadTarget {
             backend,
             url: url.clone(),
@@ -402,6 +428,7 @@ impl AuditDbArgs {
             rows: table,
             lineage_column,
             dead,
+            offsets: (offsets, layout),
         }))
     }
 }

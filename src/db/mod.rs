@@ -402,6 +402,8 @@ pub struct ReadTarget {
     pub lineage_column: String,
     /// The dead-letter table.
     pub dead: String,
+    /// The offsets table, and its layout.
+    pub offsets: (String, Layout),
 }
 
 /// A dead-letter copy as the audit reads it back.
@@ -428,6 +430,14 @@ pub trait Reader {
     /// For each expected row (by index), the lineage of the row at its key (`None`: no row
     /// there, or the table's key is the server's).
     fn holders(&self, rows: &[(usize, String)]) -> Result<Vec<(usize, Option<String>)>, Failure>;
+    /// What the offsets table holds for `group`'s `partitions` of `topic`: the next offset of
+    /// those with a row.
+    fn offsets(
+        &self,
+        group: &str,
+        topic: &str,
+        partitions: &[i32],
+    ) -> Result<Vec<(i32, Option<i64>)>, Failure>;
 }
 
 /// Connects to read `target`'s tables: the rows' table must have the lineage column.

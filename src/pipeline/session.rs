@@ -143,7 +143,7 @@ impl Session {
             return Ok(self.next_poll());
         }
         if record.is_none() {
-            self.writer.driver.keepalive();
+            self.writer.driver.idle(group, false);
         }
         match (&mut self.intake, record) {
             (Intake::Direct(t), Some(r)) => {
@@ -263,6 +263,7 @@ impl Session {
         }
         // Nothing resolves an unknown outcome of the final commit any more.
         self.writer.driver.forget_unresolved();
+        self.writer.driver.idle(group, true);
         // The instance gives every partition up: the transform hears it now, after the last
         // settle (the consumer's close revokes them after the loop's last turn).
         self.hand_over_changes();

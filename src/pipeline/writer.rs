@@ -319,6 +319,7 @@ impl Writer {
             offset,
             error: &err,
             dead_letter: Some(&copy),
+            to: self.policy.refuser,
         };
         match self.policy.errors.on_error {
             OnError::Dlq => {

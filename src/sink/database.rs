@@ -37,12 +37,17 @@ use crate::kafka::Tp;
 use crate::metrics::Metrics;
 use crate::records::Outgoing;
 
-/// A partition this instance claimed: the offset it last wrote there, and its epoch.
+/// A partition this instance claimed: the offset it last wrote there, its epoch, and the
+/// offset the Kafka group is known to hold (its copy, for the lag tools).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Claim {
     next: Option<i64>,
     epoch: i64,
+    copied: Option<i64>,
 }
+
+/// The longest read of what the Kafka group holds, for its copy.
+const COPY_READ: Duration = Duration::from_secs(1);
 
 /// An output with `--db-envelope`.
 #[derive(serde::Deserialize)]
@@ -86,6 +91,9 @@ pub struct Database {
     crash_after: Option<u64>,
     /// Testing only: every how many commits the answer is lost, and commits so far.
     lose_answers: Option<(u64, u64)>,
+    /// How often, at most, the group's copy of the offsets is checked, and when it was.
+    copy_every: Duration,
+    copy_checked: std::time::Instant,
 }
 
 impl Database {
@@ -93,7 +101,7 @@ impl Database {
     /// purpose.
     pub fn new(
         config: &DbConfig,
-        output: &str,
+        sink: &crate::config::SinkConfig,
         test: &TestSwitches,
         metrics: Arc<Metrics>,
     ) -> Result<Database, Error> {
@@ -101,7 +109,9 @@ impl Database {
             metrics,
             config: config.clone(),
             target: config.target(),
-            output: output.to_string(),
+            output: sink.output_topic.clone(),
+            copy_every: sink.commit_interval.max(Duration::from_secs(1)),
+            copy_checked: std::time::Instant::now(),
             dlq: config.dlq_topic.clone(),
             db: None,
             tables: Vec::new(),
@@ -264,6 +274,45 @@ impl Database {
         Ok(((table, how), row))
     }
 
+    /// Brings the Kafka group's copy of the table's offsets up to date, at most once per
+    /// `copy_every` (`now`: whenever): what the group holds for the partitions claimed is read
+    /// back, and whatever it lacks is sent again. A commit's copy goes at once, but one that
+    /// did not land (a rebalance refuses the old generation's) would leave the group behind
+    /// for good once the input stops: kafka-consumer-groups, kafka_exporter, Burrow and KEDA
+    /// would show a lag that never clears.
+    fn copy_owed(&mut self, group: &dyn Group, now: bool) {
+        if !now && self.copy_checked.elapsed() < self.copy_every {
+            return;
+        }
+        self.copy_checked = std::time::Instant::now();
+        let owed: Vec<(Tp, i64)> = (self.claims().iter())
+            .filter_map(|(tp, c)| {
+                let n = c.next?;
+                (c.copied != Some(n)).then(|| (tp.clone(), n))
+            })
+            .collect();
+        if owed.is_empty() {
+            return;
+        }
+        let tps: Vec<Tp> = owed.iter().map(|(tp, _)| tp.clone()).collect();
+        let held = group.committed(&tps, COPY_READ).unwrap_or_default();
+        let mut again = Vec::new();
+        for (tp, n) in owed {
+            if held.contains(&(tp.clone(), Some(n))) {
+                if let Some(c) = self.claims().get_mut(&tp) {
+                    c.copied = Some(n);
+                }
+            } else {
+                again.push((tp, n));
+            }
+        }
+        if !again.is_empty()
+            && let Err(e) = group.copy_offsets(&again)
+        {
+            warn!(error = %e, partitions = again.len(), "copying the offsets to the Kafka group failed; it is tried again");
+        }
+    }
+
     /// Testing only: whether this commit's answer is to be lost.
     fn lose_answer(&mut self) -> bool {
         let Some((every, commits)) = &mut self.lose_answers else {
@@ -292,10 +341,16 @@ impl Database {
             Ok(()) => {}
             Err(Unwritten::Rows(refused)) => {
                 for (index, f) in &refused {
-                    let (index, code) = (*index, f.code.as_deref());
+                    // Its place among the unit's rows, and its table.
+                    let position = rows.iter().position(|(i, _)| i == index);
+                    let table = position
+                        .and_then(|k| self.config.tables.get(ops[k].0))
+                        .map_or("", String::as_str);
                     RowRefused {
-                        index,
-                        code,
+                        table,
+                        position,
+                        rows: rows.len(),
+                        code: f.code.as_deref(),
                         error: f,
                     }
                     .emit(&self.metrics);
@@ -470,9 +525,10 @@ impl Sink for Database {
                 std::process::abort();
             }
         }
-        // For the lag tools; the table is what counts.
+        // For the lag tools; the table is what counts. What did not land goes again.
+        self.copy_owed(group, false);
         if let Err(e) = group.copy_offsets(offsets) {
-            warn!(error = %e, "copying the offsets to the Kafka group failed");
+            warn!(error = %e, "copying the offsets to the Kafka group failed; it is tried again");
         }
         Ok(())
     }
@@ -524,7 +580,8 @@ impl Sink for Database {
             .collect())
     }
 
-    fn keepalive(&mut self) {
+    fn idle(&mut self, group: &dyn Group, last: bool) {
+        self.copy_owed(group, last);
         let Some(db) = &self.db else {
             return;
         };
@@ -584,6 +641,7 @@ impl Sink for Database {
                     Claim {
                         next: c.next,
                         epoch: c.epoch,
+                        copied: None,
                     },
                 );
                 starts.push((tp, c.next));
@@ -716,7 +774,96 @@ mod tests {
             dlq_topic: "rows.dlq".into(),
         };
         let test = TestSwitches::default();
-        Database::new(&config, "rows", &test, Arc::new(Metrics::new())).unwrap()
+        let sink = crate::config::SinkConfig {
+            guarantee: crate::config::Guarantee::ExactlyOnce,
+            output_topic: "rows".into(),
+            transactional_id: "t".into(),
+            transaction_timeout: Duration::from_secs(10),
+            startup_timeout: Duration::from_secs(10),
+            commit_interval: Duration::from_millis(100),
+            db: None,
+        };
+        Database::new(&config, &sink, &test, Arc::new(Metrics::new())).unwrap()
+    }
+
+    /// A Kafka group whose first `lose` copies never land (a rebalance refused them).
+    #[derive(Default)]
+    struct Losing {
+        lose: std::cell::Cell<u32>,
+        held: std::cell::RefCell<HashMap<Tp, i64>>,
+        copies: std::cell::Cell<u32>,
+    }
+
+    impl Group for Losing {
+        fn metadata(&self) -> Option<rdkafka::consumer::ConsumerGroupMetadata> {
+            None
+        }
+        fn member(&self) -> Option<crate::kafka::member::Member> {
+            None
+        }
+        fn commit_offsets(&self, _: &[(Tp, i64)]) -> rdkafka::error::KafkaResult<()> {
+            unreachable!()
+        }
+        fn copy_offsets(&self, offsets: &[(Tp, i64)]) -> rdkafka::error::KafkaResult<()> {
+            self.copies.set(self.copies.get() + 1);
+            match self.lose.get() {
+                0 => self.held.borrow_mut().extend(offsets.iter().cloned()),
+                n => self.lose.set(n - 1),
+            }
+            Ok(())
+        }
+        fn committed(
+            &self,
+            partitions: &[Tp],
+            _: Duration,
+        ) -> rdkafka::error::KafkaResult<Committed> {
+            let held = self.held.borrow();
+            Ok((partitions.iter())
+                .map(|tp| (tp.clone(), held.get(tp).copied()))
+                .collect())
+        }
+        fn positions(&self) -> Vec<(Tp, i64)> {
+            Vec::new()
+        }
+        fn assignment(&self) -> rdkafka::error::KafkaResult<Vec<Tp>> {
+            Ok(Vec::new())
+        }
+        fn seek(&self, _: &[(Tp, i64)], _: Duration) -> Result<(), crate::sink::SeekFailed> {
+            Ok(())
+        }
+        fn pause(&self, _: &[Tp]) -> rdkafka::error::KafkaResult<()> {
+            Ok(())
+        }
+    }
+
+    /// The group's copy of the table's offsets reaches them even when a copy is lost and no
+    /// unit commits any more (the input stopped): every check reads back what the group holds
+    /// and sends what it lacks, until it holds them; then nothing more is sent.
+    #[test]
+    fn a_lost_copy_of_the_offsets_is_sent_again_until_the_group_holds_them() {
+        let mut d = sink(None);
+        let tp = ("in".to_string(), 0);
+        let claim = Claim {
+            next: Some(10),
+            epoch: 1,
+            copied: None,
+        };
+        d.claims().insert(tp.clone(), claim);
+        let group = Losing::default();
+        group.lose.set(1);
+        d.idle(&group, true);
+        assert_eq!(
+            group.committed(&[tp.clone()], COPY_READ).unwrap()[0].1,
+            None,
+            "lost"
+        );
+        d.idle(&group, false);
+        assert_eq!(group.copies.get(), 1, "not before the next check is due");
+        d.idle(&group, true);
+        assert_eq!(group.held.borrow().get(&tp), Some(&10));
+        d.idle(&group, true);
+        assert_eq!(group.copies.get(), 2, "held: nothing sent again");
+        assert_eq!(d.claims()[&tp].copied, Some(10));
     }
 
     #[test]

@@ -169,10 +169,11 @@ impl Driver {
         Ok(Began::RewindOwed)
     }
 
-    /// Nothing was read this turn: between units, the sink keeps an idle connection alive.
-    pub fn keepalive(&mut self) {
+    /// Nothing was read this turn (`last`: the process is stopping): between units, the sink
+    /// keeps an idle connection alive and the group's copy of its offsets up to date.
+    pub fn idle(&mut self, group: &dyn Group, last: bool) {
         if matches!(self.state, State::Idle) {
-            self.sink.keepalive();
+            self.sink.idle(group, last);
         }
     }
 
@@ -409,7 +410,10 @@ impl Driver {
         // Then the unit's routes that took records (reported meanwhile) are cleared.
         self.routes.accepted(self.sink.take_accepted_routes());
         self.routes.aborted();
-        if self.rejections.learn(rejections, alone) {
+        if self
+            .rejections
+            .learn(rejections, alone, self.sink.refuser())
+        {
             // The replay sends something else for those records: progress, not an outage,
             // so the abort does not add to the back-off.
             self.failures = 0;

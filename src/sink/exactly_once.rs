@@ -11,6 +11,7 @@ use tracing::warn;
 use super::producer::{Connection, TrackedProducer};
 use super::{Bounds, Failed, Group, NotConnected, Record, Rejection, Sink, Starts};
 use crate::config::SinkConfig;
+use crate::error::Error;
 use crate::error::{Action, Facts, KafkaCall, classify};
 use crate::events::AbortReason;
 use crate::kafka::{self, Role, Settings, Tp};
@@ -18,6 +19,8 @@ use crate::kafka::{self, Role, Settings, Tp};
 /// A transactional producer; its transactional id fences earlier incarnations.
 pub struct ExactlyOnce {
     connection: Connection,
+    /// Its transactional id.
+    id: String,
 }
 
 impl ExactlyOnce {
@@ -30,6 +33,7 @@ impl ExactlyOnce {
         };
         ExactlyOnce {
             connection: Connection::new(kafka.client(role), &c.output_topic),
+            id: c.transactional_id.clone(),
         }
     }
 
@@ -43,13 +47,23 @@ impl Sink for ExactlyOnce {
         // One bound for reaching the cluster and initialising, together; init gets at least
         // a second of it.
         let (began, timeout) = (Instant::now(), bounds.timeout());
-        self.connection
+        let connected = self
+            .connection
             .connect(timeout, "initialising transactions", |p| {
                 let _g = bounds.health.in_kafka_call("init_transactions");
                 let left = timeout.saturating_sub(began.elapsed());
                 p.inner()
                     .init_transactions(left.max(Duration::from_secs(1)))
-            })
+            });
+        connected.map_err(|e| match e {
+            NotConnected::Exit(Error::Unrecoverable { source, .. })
+                if source.rdkafka_error_code()
+                    == Some(RDKafkaErrorCode::TransactionalIdAuthorizationFailed) =>
+            {
+                NotConnected::Exit(Error::Denied(denied_id(&self.id)))
+            }
+            e => e,
+        })
     }
 
     fn begin(&mut self, bounds: &Bounds) -> Result<(), Failed> {
@@ -128,6 +142,16 @@ impl Sink for ExactlyOnce {
     fn refuser(&self) -> crate::transform::Refuser {
         crate::transform::Refuser::Broker
     }
+}
+
+/// The cluster refused the transactional id `id`: it, and the grant that lets it be used.
+fn denied_id(id: &str) -> String {
+    format!(
+        "may not use the transactional id '{id}': grant the principal WRITE on \
+         transactional-id '{id}' (kafka-acls.sh --add --operation Write --transactional-id \
+         '{id}'; a PREFIXED grant on '<group-id>-' covers every instance of a group) \
+         (TRANSACTIONAL_ID_AUTHORIZATION_FAILED)"
+    )
 }
 
 /// The calls of a Kafka transaction that [`commit`] and [`abort`] make, in the order they

@@ -145,8 +145,8 @@ impl Sink for Faults {
         self.inner.ended()
     }
 
-    fn keepalive(&mut self) {
-        self.inner.keepalive()
+    fn idle(&mut self, group: &dyn Group, last: bool) {
+        self.inner.idle(group, last)
     }
 
     fn refuser(&self) -> crate::transform::Refuser {

@@ -145,10 +145,12 @@ pub trait Sink: Send {
     /// Who refuses its records for what they are (the DLQ reason and header of a copy). No
     /// default: a sink in front of another must pass it on.
     fn refuser(&self) -> Refuser;
-    /// Nothing is open and nothing was read this turn: a connection that the destination
-    /// closes when it is idle (MySQL's `wait_timeout`) is kept alive, so that it closes only
-    /// one whose process stopped (a zombie's, and its transaction with it).
-    fn keepalive(&mut self) {}
+    /// Nothing is open and nothing was read this turn (`last`: the process is stopping): a
+    /// connection that the destination closes when it is idle (MySQL's `wait_timeout`) is
+    /// kept alive, so that it closes only one whose process stopped (a zombie's, and its
+    /// transaction with it); a sink that keeps its own offsets brings the group's copy of them
+    /// up to date (`last`: now, not at its next turn).
+    fn idle(&mut self, _group: &dyn Group, _last: bool) {}
     /// How an open unit ends when `abort` succeeds: aborted on the broker, or (at least
     /// once) dropped, its outputs left where they are.
     fn ended(&self) -> Ended {
@@ -167,12 +169,7 @@ pub fn start(
     shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<Driver, Error> {
     let sink: Box<dyn Sink> = match (&config.db, config.guarantee) {
-        (Some(db), _) => Box::new(database::Database::new(
-            db,
-            &config.output_topic,
-            test,
-            metrics.clone(),
-        )?),
+        (Some(db), _) => Box::new(database::Database::new(db, config, test, metrics.clone())?),
         (None, Guarantee::ExactlyOnce) => Box::new(exactly_once::ExactlyOnce::new(kafka, config)),
         (None, Guarantee::AtLeastOnce) => Box::new(at_least_once::AtLeastOnce::new(kafka, config)),
     };

@@ -27,6 +27,7 @@ use std::collections::HashMap;
 use tracing::warn;
 
 use super::Rejection;
+use crate::transform::Refuser;
 
 /// Which copy of an input record a send was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -253,6 +254,52 @@ pub struct Rejections {
     verdicts: Verdicts,
 }
 
+/// Says what `by` refused: each record it named (the broker's `INVALID_RECORD`, every row a
+/// database refused, judged alone), or a batch it refused whole (the broker rejects a
+/// partition's batch: one culprit can fail a hundred records).
+fn said(rejected: &[(Source<'_>, Rejection)], by: Refuser) {
+    let (named, together): (Vec<_>, Vec<_>) =
+        (rejected.iter()).partition(|(_, r)| r.named || r.alone);
+    for (s, r) in &named {
+        let (topic, partition, offset, copy, error) =
+            (s.topic, s.partition, s.offset, s.copy, r.error);
+        match by {
+            Refuser::Broker => warn!(
+                topic,
+                partition,
+                offset,
+                ?copy,
+                error,
+                "the broker rejected a record; its replay sends the dead-letter copy"
+            ),
+            Refuser::Database => warn!(
+                topic,
+                partition,
+                offset,
+                ?copy,
+                error,
+                "the database refused a record's row; its replay sends the dead-letter copy"
+            ),
+        }
+    }
+    let Some((s, r)) = together.first() else {
+        return;
+    };
+    let mut partitions: Vec<i32> = together.iter().map(|(s, _)| s.partition).collect();
+    partitions.sort_unstable();
+    partitions.dedup();
+    warn!(
+        records = together.len(),
+        topic = s.topic,
+        partitions = ?partitions,
+        first_offset = s.offset,
+        error = r.error,
+        "{} rejected records together; their replay sends each alone to find which one is at \
+         fault",
+        by.who()
+    );
+}
+
 impl Rejections {
     /// Logs one send of the open unit; returns its index.
     pub fn sent(&mut self, source: Source<'_>) -> usize {
@@ -284,7 +331,7 @@ impl Rejections {
     /// sends. `alone`: the last record was sent alone, so a rejection is its own; `source`
     /// says what was sent with a `TooLarge` refusal the sink itself made. Whether a verdict is
     /// new (the replay sends something else: progress, not an outage).
-    pub fn learn(&mut self, rejections: Vec<Rejection>, alone: bool) -> bool {
+    pub fn learn(&mut self, rejections: Vec<Rejection>, alone: bool, by: Refuser) -> bool {
         if rejections.is_empty() {
             self.sent.clear();
             return false;
@@ -293,25 +340,7 @@ impl Rejections {
             .iter()
             .filter_map(|r| self.sent.get(r.index).map(|s| (s, *r)))
             .collect();
-        if let [(s, r)] = rejected[..].as_ref() {
-            warn!(
-                topic = s.topic, partition = s.partition, offset = s.offset, copy = ?s.copy,
-                error = r.error,
-                "the broker rejected a record; its replay sends the dead-letter copy"
-            );
-        } else if let Some((s, r)) = rejected.first() {
-            // librdkafka sends a partition's records in one batch, which the broker rejects
-            // whole: one culprit can fail a hundred records.
-            warn!(
-                records = rejected.len(),
-                topic = s.topic,
-                partition = s.partition,
-                first_offset = s.offset,
-                error = r.error,
-                "the broker rejected records together; their replay sends each alone to find \
-                 which one is at fault"
-            );
-        }
+        said(&rejected, by);
         let learned = self.verdicts.learn(&rejected, alone);
         self.sent.clear();
         learned

@@ -413,7 +413,8 @@ impl Refuser {
         }
     }
 
-    fn who(self) -> &'static str {
+    /// Its name in a sentence: `the broker`, `the database`.
+    pub fn who(self) -> &'static str {
         match self {
             Refuser::Broker => "the broker",
             Refuser::Database => "the database",

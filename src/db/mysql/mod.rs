@@ -462,6 +462,8 @@ pub struct MyReader {
     table: rows::Table,
     lineage: String,
     dead: rows::DeadLetters,
+    /// The offsets table's name, and its layout.
+    offsets: (String, crate::db::Layout),
 }
 
 impl MyReader {
@@ -478,12 +480,25 @@ impl MyReader {
             table,
             lineage: target.lineage_column.clone(),
             dead,
+            offsets: target.offsets.clone(),
         };
         Ok((reader, described))
     }
 }
 
 impl Reader for MyReader {
+    fn offsets(
+        &self,
+        group: &str,
+        topic: &str,
+        partitions: &[i32],
+    ) -> Result<Vec<(i32, Option<i64>)>, Failure> {
+        let (table, layout) = &self.offsets;
+        let offsets = offsets::Offsets::new(table, *layout, group, "").map_err(Failure::client)?;
+        let read = offsets.read(&self.conn, topic, partitions)?;
+        Ok(read.into_iter().map(|c| (c.partition, c.next)).collect())
+    }
+
     fn lineages(&self) -> Result<(Vec<String>, usize), Failure> {
         self.table.lineages(&self.conn, &self.lineage)
     }

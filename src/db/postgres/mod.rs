@@ -326,6 +326,8 @@ pub struct PgReader {
     table: rows::Table,
     lineage: String,
     dead: rows::DeadLetters,
+    /// The offsets table's name.
+    offsets: String,
 }
 
 impl PgReader {
@@ -342,12 +344,24 @@ impl PgReader {
             table,
             lineage: target.lineage_column.clone(),
             dead,
+            offsets: target.offsets.0.clone(),
         };
         Ok((reader, described))
     }
 }
 
 impl Reader for PgReader {
+    fn offsets(
+        &self,
+        group: &str,
+        topic: &str,
+        partitions: &[i32],
+    ) -> Result<Vec<(i32, Option<i64>)>, Failure> {
+        let offsets = offsets::Offsets::new(&self.offsets, group, "").map_err(Failure::client)?;
+        let read = offsets.read(&self.db, topic, partitions)?;
+        Ok(read.into_iter().map(|c| (c.partition, c.next)).collect())
+    }
+
     fn lineages(&self) -> Result<(Vec<String>, usize), Failure> {
         self.table.lineages(&self.db, &self.lineage)
     }

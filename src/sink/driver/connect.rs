@@ -125,7 +125,8 @@ impl Driver {
             }
             match self.sink.connect(&self.bounds) {
                 Ok(()) => {
-                    ProducerRecreated { reason }.emit(&self.metrics);
+                    let to = self.sink.refuser();
+                    ProducerRecreated { reason, to }.emit(&self.metrics);
                     if was_ready && !self.shutdown.is_cancelled() {
                         health.set_ready(true);
                     }
