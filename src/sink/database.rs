@@ -853,7 +853,10 @@ mod tests {
         group.lose.set(1);
         d.idle(&group, true);
         assert_eq!(
-            group.committed(&[tp.clone()], COPY_READ).unwrap()[0].1,
+            group
+                .committed(std::slice::from_ref(&tp), COPY_READ)
+                .unwrap()[0]
+                .1,
             None,
             "lost"
         );
