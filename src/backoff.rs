@@ -35,6 +35,8 @@ impl Backoff {
     /// The audit reading a watermark again while a partition's leader moves: every 300 ms.
     pub const LEADER_MOVES: Backoff =
         Backoff::new(0, Duration::from_millis(300), Duration::from_millis(300));
+    /// Trying a held partition again (its state has no home yet): 1 s doubling to 30 s.
+    pub const HELD: Backoff = Backoff::new(0, Duration::from_secs(1), Duration::from_secs(30));
     /// Connecting the sink at start-up: every 500 ms until --startup-timeout.
     pub const STARTUP: Backoff =
         Backoff::new(0, Duration::from_millis(500), Duration::from_millis(500));

@@ -165,7 +165,8 @@ async fn dedup_intake(
         &dedup.changelog,
         config.sink.transaction_timeout,
         shutdown.clone(),
-    )?;
+    )?
+    .growing(admin, tokio::runtime::Handle::current());
     let mut t =
         transform::dedup::Dedup::new(dedup, programs, Box::new(source), store, metrics.clone());
     t.testing(&config.test);
@@ -194,7 +195,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     let intake = match &config.dedup {
         None => pipeline::Intake::build(&config.transform, config.test.unavailable, Some(runtime))?,
         Some(dedup) => {
-            pipeline::Intake::Direct(dedup_intake(&config, dedup, &metrics, &shutdown).await?)
+            pipeline::Intake::direct(dedup_intake(&config, dedup, &metrics, &shutdown).await?)
         }
     };
     let health = Arc::new(Health::timed(metrics.blocking_call_duration.clone()));

@@ -90,6 +90,14 @@ pub struct Metrics {
     pub state_window_keys_limit: IntGauge,
     /// Owned partitions whose state is not restored yet.
     pub state_restoring: IntGauge,
+    /// Owned partitions held: their state has no home (the input grew, the changelog could
+    /// not).
+    pub state_partitions_held: IntGauge,
+    /// How long before its restore the state last read back was written.
+    pub state_restored_age: Gauge,
+    /// How old restored state may be before the changelog's retention may have deleted keys
+    /// of windows still open: `--window-max-ahead` and a day.
+    pub state_changelog_margin: Gauge,
     /// Changelog records read back by restores.
     pub state_restored_records: IntCounter,
     /// Restores that did not reach the changelog's end.
@@ -371,6 +379,21 @@ impl Metrics {
             state_restoring: gauge(
                 "state_restoring_partitions",
                 "Owned partitions whose dedup state is not restored yet.",
+            ),
+            state_partitions_held: gauge(
+                "state_partitions_held",
+                "Owned partitions held: the input grew and the changelog could not; their \
+                 records wait.",
+            ),
+            state_restored_age: float_gauge(
+                "state_restored_age_seconds",
+                "How long before it was read back the state of the last partition restored was \
+                 written.",
+            ),
+            state_changelog_margin: float_gauge(
+                "state_changelog_margin_seconds",
+                "How old restored state may be before the changelog's retention may have \
+                 deleted keys of windows still open (--window-max-ahead and a day).",
             ),
             state_restored_records: plain_counter(
                 "state_restored_records_total",

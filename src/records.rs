@@ -527,7 +527,9 @@ mod properties {
                     prop_assert!(outs[0].size() <= max);
                     prop_assert!(librdkafka_takes(&outs[0], max));
                 }
-                Err(Failure::Unavailable(why)) => prop_assert!(false, "unavailable: {why}"),
+                Err(Failure::Unavailable(why) | Failure::Held(why)) => {
+                    prop_assert!(false, "unavailable: {why}")
+                }
                 Err(Failure::BadRecord(e)) => {
                     prop_assert_eq!(e.reason, Reason::OutputTooLarge);
                     // Refused exactly when librdkafka would refuse it.

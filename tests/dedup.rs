@@ -236,6 +236,55 @@ fn a_changelog_with_other_partitions_or_policy_stops_start_up_naming_it() {
     assert!(log.contains("needs compact"), "{log}");
 }
 
+/// Input partitions added while exactly runs: the changelog grows with the input (partition n
+/// holds input partition n's keys, so no key moves) and the new partition's records go
+/// through the dedup like the others', while those never stop.
+#[test]
+fn input_partitions_added_while_running_grow_the_changelog_and_flow() {
+    let topics = Topics::create("dedup-grow", 2, 1);
+    let group = unique("dedup-grow-g");
+    produce(&topics.input, &startups(20, 1, 3, 2));
+    let mut a = args(&topics, &group, "grow");
+    // The consumer notices the new partition within this (librdkafka's default: 5 min).
+    a.extend(
+        [
+            "--consumer-config",
+            "topic.metadata.refresh.interval.ms=1000",
+        ]
+        .map(String::from),
+    );
+    let mut ex = Exactly::start(&a);
+    committed_past(&mut ex, &group, &topics, 60);
+    add_partitions(&topics.input, 3);
+    // Devices 0-19 again (duplicates of the day), and 30 on the new partition.
+    let more: Vec<In> = startups(30, 1, 2, 1)
+        .into_iter()
+        .map(|mut r| {
+            r.partition = 2;
+            r
+        })
+        .chain(startups(20, 1, 1, 2))
+        .collect();
+    produce(&topics.input, &more);
+    committed_past(&mut ex, &group, &topics, 60 + more.len() as i64);
+    ex.stop_cleanly();
+    let changelog = format!("{group}.dedup-changelog");
+    assert_eq!(end_offsets(&changelog).len(), 3, "{}", ex.log_text());
+    let got: Vec<(i32, i64)> = (read_all(&topics.output, "read_committed").iter())
+        .map(|o| {
+            let (_, p, off, _) = o.lineage();
+            (p, off)
+        })
+        .collect();
+    let unique_got: BTreeSet<(i32, i64)> = got.iter().copied().collect();
+    assert_eq!(got.len(), unique_got.len(), "an input went out twice");
+    assert_eq!(unique_got, firsts(&topics.input));
+    assert!(
+        unique_got.iter().any(|(p, _)| *p == 2),
+        "the new partition's"
+    );
+}
+
 /// The changelog as a previous owner left it: a key in an aborted transaction (never
 /// restored: its record comes again and decides again) and one committed (restored: the
 /// device was seen that day).

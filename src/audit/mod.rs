@@ -657,7 +657,7 @@ fn expect(
                 }
             }
             // The replay cannot say what the pipeline got: neither judged nor an anomaly.
-            Err(Failure::Unavailable(_)) => {
+            Err(Failure::Unavailable(_) | Failure::Held(_)) => {
                 e.pending.insert(id);
             }
             Err(Failure::BadRecord(_)) if on_error == OnError::Dlq => {

@@ -263,7 +263,7 @@ pub struct DedupConfig {
 }
 
 /// A day, the margin the changelog keeps records past their window's close.
-const MARGIN: Duration = Duration::from_secs(86_400);
+pub const MARGIN: Duration = Duration::from_secs(86_400);
 
 impl DedupConfig {
     /// Keys fit the transform's limits: a changelog record is its key plus 18 bytes (format,

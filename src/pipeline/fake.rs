@@ -362,6 +362,8 @@ pub struct FakeGroup {
     position: RefCell<HashMap<Tp, i64>>,
     turn: RefCell<usize>,
     pub seeks: RefCell<Vec<Vec<(Tp, i64)>>>,
+    /// Partitions paused: not read.
+    paused: RefCell<std::collections::BTreeSet<Tp>>,
 }
 
 impl FakeGroup {
@@ -373,6 +375,7 @@ impl FakeGroup {
             position: RefCell::default(),
             turn: RefCell::default(),
             seeks: RefCell::default(),
+            paused: RefCell::default(),
         }
     }
 
@@ -420,6 +423,9 @@ impl FakeGroup {
         for i in 0..assigned.len() {
             let turn = (*self.turn.borrow() + i) % assigned.len();
             let tp = &assigned[turn];
+            if self.paused.borrow().contains(tp) {
+                continue;
+            }
             let mut next = self.fetch.borrow().get(tp).copied().unwrap_or(0);
             while at(tp, next).is_some_and(is_marker) {
                 next += 1;
@@ -483,7 +489,15 @@ impl Group for FakeGroup {
         Ok(self.assigned.borrow().clone())
     }
 
-    fn pause(&self, _: &[Tp]) -> KafkaResult<()> {
+    fn pause(&self, partitions: &[Tp]) -> KafkaResult<()> {
+        self.paused.borrow_mut().extend(partitions.iter().cloned());
+        Ok(())
+    }
+
+    fn resume(&self, partitions: &[Tp]) -> KafkaResult<()> {
+        self.paused
+            .borrow_mut()
+            .retain(|tp| !partitions.contains(tp));
         Ok(())
     }
 
@@ -639,7 +653,7 @@ impl Core {
 
     /// `t`, applied as read.
     pub fn transformed(t: Box<dyn transform::Transform>, commit: CommitPolicy) -> Core {
-        Core::new(Intake::Direct(t), commit, Duration::ZERO)
+        Core::new(Intake::direct(t), commit, Duration::ZERO)
     }
 
     /// The call-out, calling `app`.

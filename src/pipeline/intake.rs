@@ -7,8 +7,9 @@
 //!   its answer into outputs.
 //!
 //! Either way the record then takes the same path into the open unit (`writer.rs`). The
-//! intake is the one source of what was read but not yet applied ([`Unapplied`]): nothing
-//! for the direct mode, the stage's first offsets for the staged one.
+//! intake is the one source of what was read but not yet applied ([`Unapplied`]): the first
+//! records of partitions held for the direct mode ([`Held`]), the stage's first offsets for
+//! the staged one.
 
 use crate::config::{TransformConfig, TransformSpec};
 use crate::error::Error;
@@ -16,12 +17,13 @@ use crate::kafka::Tp;
 use crate::sink::{Settled, Unapplied};
 use crate::transform::{self, Limits, Transform, call};
 
+use super::held::Held;
 use super::stage::Stage;
 
 /// How records are applied.
 pub enum Intake {
-    /// As they are read, by the transform.
-    Direct(Box<dyn Transform>),
+    /// As they are read, by the transform; the partitions it cannot take now are held.
+    Direct(Box<dyn Transform>, Held),
     /// When the application's answer for their batch is back.
     Staged(Box<Stage>),
 }
@@ -52,13 +54,26 @@ impl Intake {
             return Ok(Intake::Staged(Box::new(stage)));
         }
         let t = transform::build(config)?;
-        Ok(Intake::Direct(transform::unavailable_first(t, unavailable)))
+        Ok(Intake::direct(transform::unavailable_first(t, unavailable)))
+    }
+
+    /// Records applied as they are read, by `t`.
+    pub fn direct(t: Box<dyn Transform>) -> Intake {
+        Intake::Direct(t, Held::default())
+    }
+
+    /// The partitions held, in the direct mode.
+    pub fn held(&mut self) -> Option<&mut Held> {
+        match self {
+            Intake::Direct(_, held) => Some(held),
+            Intake::Staged(_) => None,
+        }
     }
 
     /// The stage, in the staged mode.
     pub fn stage(&mut self) -> Option<&mut Stage> {
         match self {
-            Intake::Direct(_) => None,
+            Intake::Direct(..) => None,
             Intake::Staged(s) => Some(s.as_mut()),
         }
     }
@@ -70,7 +85,7 @@ impl Intake {
 
     /// The transform hears how the unit its records went into ended.
     pub fn settle(&mut self, settled: Settled) {
-        if let Intake::Direct(t) = self {
+        if let Intake::Direct(t, _) = self {
             match settled {
                 Settled::Committed => t.committed(),
                 Settled::Dropped => t.dropped(true),
@@ -81,7 +96,7 @@ impl Intake {
 
     /// The transform hears of a partition change.
     pub fn hear(&mut self, change: &Change) {
-        if let Intake::Direct(t) = self {
+        if let Intake::Direct(t, _) = self {
             match change {
                 Change::Assigned(ps) => t.assigned(ps),
                 Change::Revoked(ps) => t.revoked(ps),
@@ -107,7 +122,7 @@ impl Intake {
 impl Unapplied for Intake {
     fn firsts(&self) -> Vec<(Tp, i64)> {
         match self {
-            Intake::Direct(_) => Vec::new(),
+            Intake::Direct(_, held) => held.firsts().collect(),
             Intake::Staged(s) => s.firsts(),
         }
     }

@@ -14,6 +14,7 @@
 //! - [`identity`]: one process per instance on a host (exit code 5 for a second one).
 
 pub mod context;
+pub mod held;
 pub mod identity;
 pub mod intake;
 pub mod rewind;

@@ -32,7 +32,7 @@ use crate::kafka::Tp;
 use crate::lag::Positions;
 use crate::metrics::Metrics;
 use crate::sink::{Began, Driver, Group, Outcome, Starts};
-use crate::transform::{InputRecord, call};
+use crate::transform::{Failure, InputRecord, call};
 
 /// What the loop does next: poll for up to `wait`, or (`read` false: the stage is full) not
 /// read at all this turn.
@@ -114,7 +114,7 @@ impl Session {
         let due_in = age.map_or(MAX_POLL, |a| self.commit.interval.saturating_sub(a));
         let wait = due_in.min(MAX_POLL);
         match &self.intake {
-            Intake::Direct(_) => Poll { wait, read: true },
+            Intake::Direct(..) => Poll { wait, read: true },
             Intake::Staged(s) => Poll {
                 wait: s.poll_wait(wait),
                 read: !s.full(),
@@ -145,10 +145,26 @@ impl Session {
         if record.is_none() {
             self.writer.driver.idle(group, false);
         }
+        if let Some(held) = self.intake.held() {
+            held.release(group, &self.metrics);
+        }
         match (&mut self.intake, record) {
-            (Intake::Direct(t), Some(r)) => {
-                let fate = self.writer.write(r, || t.apply(r))?;
+            (Intake::Direct(t, held), Some(r)) => {
+                let mut holding = None;
+                let fate = self.writer.write(r, || {
+                    let outputs = t.apply(r);
+                    if let Err(Failure::Held(why)) = &outputs {
+                        holding = Some(why.clone());
+                    }
+                    outputs
+                })?;
                 t.decided(fate);
+                match holding {
+                    Some(why) => {
+                        held.hold(group, (r.topic, r.partition), r.offset, &why, &self.metrics)
+                    }
+                    None => held.taken(r.topic, r.partition),
+                }
             }
             (Intake::Staged(stage), Some(r)) => stage.push(r),
             (_, None) => {}
@@ -191,6 +207,9 @@ impl Session {
         }
         // Before the transform hears of the revoke, it hears how its units ended.
         self.intake.revoke(&partitions);
+        if let Some(held) = self.intake.held() {
+            held.revoked(group, &partitions, &self.metrics);
+        }
         self.rewind.forget(&partitions);
         self.writer.driver.forget(&partitions);
         self.positions.forget(&partitions);
@@ -225,6 +244,9 @@ impl Session {
         self.writer.driver.abort_now(AbortReason::ConsumerFenced);
         self.hand_over_changes();
         self.intake.clear();
+        if let Some(held) = self.intake.held() {
+            held.clear(&self.metrics);
+        }
         let read: Vec<Tp> = self.owned.iter().cloned().collect();
         self.positions.forget(&read);
         self.rewind.clear();
@@ -430,7 +452,7 @@ impl Session {
 /// What the transform must write into the open unit before it commits: every commit of a
 /// unit with its records goes through here first.
 fn before_commit(writer: &mut Writer, intake: &mut Intake) -> Result<(), Error> {
-    let Intake::Direct(t) = intake else {
+    let Intake::Direct(t, _) = intake else {
         return Ok(());
     };
     if writer.driver.unit().is_none() {

@@ -330,6 +330,63 @@ fn a_stateful_transform_keeps_nothing_of_a_record_whose_output_was_refused() {
     );
 }
 
+/// A transform that cannot take partition 1 (its state has no home) its first `left` times.
+struct Homeless {
+    left: u32,
+}
+
+impl crate::transform::Transform for Homeless {
+    fn apply<'a>(
+        &mut self,
+        input: &crate::transform::InputRecord<'a>,
+    ) -> Result<Vec<crate::transform::OutputRecord<'a>>, crate::transform::Failure> {
+        if input.partition == 1 && self.left > 0 {
+            self.left -= 1;
+            return Err(crate::transform::Failure::Held("no home".into()));
+        }
+        Ok(vec![crate::transform::OutputRecord {
+            topic: None,
+            partition: None,
+            key: None,
+            value: input.value.map(std::borrow::Cow::Borrowed),
+            headers: crate::transform::OutputHeaders::Input,
+        }])
+    }
+}
+
+/// A partition the transform cannot take is held: its records wait (no commit passes its
+/// first one) while the other partitions go on; released after its back-off, it is read again
+/// from there, and nothing of it is lost or doubled.
+#[test]
+fn a_held_partition_waits_while_the_others_go_on_and_nothing_of_it_is_lost() {
+    crate::clock::simulated::start();
+    let mut core = Core::transformed(Box::new(Homeless { left: 1 }), every(2));
+    core.broker().fill(("in", 0), 0, 4, &[]);
+    core.broker().fill(("in", 1), 0, 4, &[]);
+    core.assign(("in", 0), 0);
+    core.assign(("in", 1), 0);
+    core.run(50);
+    let held = |core: &Core| core.metrics.state_partitions_held.get();
+    assert_eq!(held(&core), 1);
+    assert_eq!(
+        core.broker().lineages("out"),
+        lineages(&[(0, 0), (0, 1), (0, 2), (0, 3)])
+    );
+    for offsets in core.broker().commits() {
+        let p1 = offsets.iter().find(|(tp, _)| tp.1 == 1);
+        assert!(
+            p1.is_none_or(|(_, o)| *o == 0),
+            "past the held record: {offsets:?}"
+        );
+    }
+    crate::clock::simulated::pass(Duration::from_secs(2));
+    core.run(50);
+    core.finish();
+    assert_eq!(held(&core), 0);
+    let all: Vec<(i32, i64)> = (0..2).flat_map(|p| (0..4).map(move |o| (p, o))).collect();
+    assert_eq!(core.broker().lineages("out"), lineages(&all));
+}
+
 #[test]
 fn an_application_that_answers_differently_on_the_replay_is_judged_afresh() {
     let app = Answers::default();

@@ -100,6 +100,9 @@ impl Writer {
                 self.unavailable(&why)?;
                 return Ok(Fate::Refused);
             }
+            // Its partition is held (the session pauses it): nothing of it goes, it is not
+            // counted, and it comes again.
+            Err(Failure::Held(_)) => return Ok(Fate::Refused),
         };
         let verdict = verdict.and_then(|v| self.still_holds(v, &result));
         let result = result.and_then(|outputs| self.routable(outputs));

@@ -82,7 +82,7 @@ impl Instance {
         let dedup = Dedup::new(&config, programs, changelog, None, (*metrics).clone());
         let session = Session::new(Parts {
             writer,
-            intake: Intake::Direct(Box::new(dedup)),
+            intake: Intake::direct(Box::new(dedup)),
             commit,
             positions: Arc::default(),
             metrics,
@@ -587,6 +587,10 @@ impl Group for SimGroup {
     fn pause(&self, _: &[Tp]) -> KafkaResult<()> {
         Ok(())
     }
+
+    fn resume(&self, _: &[Tp]) -> KafkaResult<()> {
+        Ok(())
+    }
 }
 
 /// The dedup's changelog, read `read_committed` from the model.
@@ -620,6 +624,7 @@ impl Changelog for SimChangelog {
         Ok(Read {
             records: records.len() as u64,
             end,
+            written: None,
         })
     }
 

@@ -834,6 +834,9 @@ mod tests {
         fn pause(&self, _: &[Tp]) -> rdkafka::error::KafkaResult<()> {
             Ok(())
         }
+        fn resume(&self, _: &[Tp]) -> rdkafka::error::KafkaResult<()> {
+            Ok(())
+        }
     }
 
     /// The group's copy of the table's offsets reaches them even when a copy is lost and no

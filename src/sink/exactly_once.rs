@@ -430,6 +430,9 @@ mod tests {
         fn pause(&self, _: &[Tp]) -> KafkaResult<()> {
             unreachable!()
         }
+        fn resume(&self, _: &[Tp]) -> KafkaResult<()> {
+            unreachable!()
+        }
     }
 
     /// Every record of the transaction is on the broker before its offsets join it: from then

@@ -365,8 +365,11 @@ pub trait Group {
     fn assignment(&self) -> KafkaResult<Vec<Tp>>;
     /// Moves the consumer to `offsets`. A partition that could not move comes back with why.
     fn seek(&self, offsets: &[(Tp, i64)], timeout: Duration) -> Result<(), SeekFailed>;
-    /// Stops fetching `partitions` until they are assigned again (another owner took them).
+    /// Stops fetching `partitions` until they are assigned again (another owner took them)
+    /// or resumed.
     fn pause(&self, partitions: &[Tp]) -> KafkaResult<()>;
+    /// Fetches `partitions` again.
+    fn resume(&self, partitions: &[Tp]) -> KafkaResult<()>;
 }
 
 /// Why a seek did not move every partition.
@@ -420,6 +423,10 @@ impl<X: ConsumerContext> Group for BaseConsumer<X> {
 
     fn pause(&self, partitions: &[Tp]) -> KafkaResult<()> {
         Consumer::pause(self, &kafka::partition_list(partitions))
+    }
+
+    fn resume(&self, partitions: &[Tp]) -> KafkaResult<()> {
+        Consumer::resume(self, &kafka::partition_list(partitions))
     }
 
     fn seek(&self, offsets: &[(Tp, i64)], timeout: Duration) -> Result<(), SeekFailed> {

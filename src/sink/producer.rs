@@ -273,6 +273,7 @@ impl TrackedProducer {
             index,
         } = r;
         let mut headers = std::mem::take(&mut out.headers);
+        let mut refreshed = false;
         loop {
             let record = crate::kafka::produce::Message {
                 topic,
@@ -299,6 +300,13 @@ impl TrackedProducer {
                 // librdkafka's own check: the record's fault, like a broker's rejection.
                 Err((RDKafkaErrorCode::MessageSizeTooLarge, _)) => {
                     return Err(Failed::TooLarge);
+                }
+                // A partition named beyond what this producer knows: the topic may have grown
+                // since (a changelog grown with the input). Its metadata is read once again.
+                Err((RDKafkaErrorCode::UnknownPartition, back)) if !refreshed => {
+                    headers = back;
+                    refreshed = true;
+                    let _ = self.topic_exists(topic, bounds.timeout().min(Duration::from_secs(5)));
                 }
                 Err((code, _)) => {
                     if let Some(error) = refused_route(code) {

@@ -11,7 +11,10 @@
 
 use std::time::{Duration, Instant};
 
+use rdkafka::admin::AdminClient;
+use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
@@ -27,6 +30,9 @@ pub struct Read {
     pub records: u64,
     /// The offset it read to (the high watermark when it began): the next read starts here.
     pub end: i64,
+    /// When the last record it read was written (ms since the epoch), if it read one: how old
+    /// the state it read back is.
+    pub written: Option<i64>,
 }
 
 /// Why a read did not get to the end.
@@ -37,12 +43,14 @@ pub enum Unread {
     OutOfRange(String),
     /// Not now (the cluster, a previous owner's open transaction): try again later.
     Failed(String),
+    /// The changelog has no such partition (the input grew since it was made): grow it.
+    Missing(String),
 }
 
 impl std::fmt::Display for Unread {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Unread::OutOfRange(s) | Unread::Failed(s) => f.write_str(s),
+            Unread::OutOfRange(s) | Unread::Failed(s) | Unread::Missing(s) => f.write_str(s),
         }
     }
 }
@@ -59,6 +67,12 @@ pub trait Changelog: Send {
     ) -> Result<Read, Unread>;
     /// The partition's end now (its high watermark): everything committed is below it.
     fn end(&mut self, partition: i32) -> Result<i64, String>;
+    /// Grows the changelog to `partitions` (the input grew); an error says why it could not.
+    fn grow(&mut self, partitions: usize) -> Result<(), String> {
+        Err(format!(
+            "this changelog cannot grow to {partitions} partitions"
+        ))
+    }
 }
 
 /// A changelog with nothing in it: state that starts from nothing (the audit's replay).
@@ -66,7 +80,11 @@ pub struct Empty;
 
 impl Changelog for Empty {
     fn read(&mut self, _: i32, _: Option<i64>, _: &mut Each<'_>) -> Result<Read, Unread> {
-        Ok(Read { records: 0, end: 0 })
+        Ok(Read {
+            records: 0,
+            end: 0,
+            written: None,
+        })
     }
 
     fn end(&mut self, _: i32) -> Result<i64, String> {
@@ -83,6 +101,8 @@ pub struct KafkaChangelog {
     /// The longest one read may take.
     bound: Duration,
     shutdown: CancellationToken,
+    /// Grows the topic: an admin client, and the runtime its calls run on.
+    grower: Option<(AdminClient<DefaultClientContext>, tokio::runtime::Handle)>,
 }
 
 impl KafkaChangelog {
@@ -103,7 +123,19 @@ impl KafkaChangelog {
             })?,
             bound,
             shutdown,
+            grower: None,
         })
+    }
+
+    /// It grows through `admin`, whose calls run on `runtime` (the loop's thread is none of
+    /// its).
+    pub fn growing(
+        mut self,
+        admin: AdminClient<DefaultClientContext>,
+        runtime: tokio::runtime::Handle,
+    ) -> KafkaChangelog {
+        self.grower = Some((admin, runtime));
+        self
     }
 
     fn position(&self, partition: i32) -> Option<i64> {
@@ -129,8 +161,17 @@ impl Changelog for KafkaChangelog {
         let (low, high) = self
             .meter
             .fetch_watermarks(&self.topic, partition, self.bound)
-            .map_err(|e| failed(&format!("its end offsets: {e}")))?;
-        let done = |records| Read { records, end: high };
+            .map_err(|e| match e.rdkafka_error_code() {
+                Some(
+                    RDKafkaErrorCode::UnknownPartition | RDKafkaErrorCode::UnknownTopicOrPartition,
+                ) => Unread::Missing(at("no such partition (the input grew since it was made)")),
+                _ => failed(&format!("its end offsets: {e}")),
+            })?;
+        let done = |records, written| Read {
+            records,
+            end: high,
+            written,
+        };
         let offset = match from {
             // Past the end: not the changelog the store was written from (recreated).
             Some(o) if o > high => {
@@ -141,9 +182,9 @@ impl Changelog for KafkaChangelog {
             // Before its start: retention deleted what is older (keys of windows long closed,
             // which the store may hold and drop): read what is left.
             Some(o) if o < low => Offset::Beginning,
-            Some(o) if o == high => return Ok(done(0)),
+            Some(o) if o == high => return Ok(done(0, None)),
             Some(o) => Offset::Offset(o),
-            None if high <= low => return Ok(done(0)),
+            None if high <= low => return Ok(done(0, None)),
             None => Offset::Beginning,
         };
         let mut tpl = TopicPartitionList::new();
@@ -152,7 +193,7 @@ impl Changelog for KafkaChangelog {
         self.reader
             .assign(&tpl)
             .map_err(|e| failed(&format!("assign: {e}")))?;
-        let mut read = 0u64;
+        let (mut read, mut written) = (0u64, None);
         let result = loop {
             if self.shutdown.is_cancelled() {
                 break Err(failed("shutdown began"));
@@ -170,15 +211,16 @@ impl Changelog for KafkaChangelog {
                 Some(Ok(m)) => {
                     each(m.offset(), m.key(), m.payload());
                     read += 1;
+                    written = m.timestamp().to_millis().or(written);
                     if m.offset() + 1 >= high {
-                        break Ok(done(read));
+                        break Ok(done(read, written));
                     }
                 }
                 Some(Err(e)) => break Err(failed(&e.to_string())),
                 None => {
                     // Markers and aborted records at the tail move the position only.
                     if self.position(partition).is_some_and(|p| p >= high) {
-                        break Ok(done(read));
+                        break Ok(done(read, written));
                     }
                 }
             }
@@ -193,5 +235,16 @@ impl Changelog for KafkaChangelog {
             .fetch_watermarks(&self.topic, partition, self.bound)
             .map_err(|e| format!("changelog {}[{partition}]: its end: {e}", self.topic))?;
         Ok(high)
+    }
+
+    fn grow(&mut self, partitions: usize) -> Result<(), String> {
+        let Some((admin, runtime)) = &self.grower else {
+            return Err(format!(
+                "changelog {}: no admin client to grow it",
+                self.topic
+            ));
+        };
+        let grown = super::topic::grow(admin, &self.topic, partitions, self.bound);
+        runtime.block_on(grown)
     }
 }

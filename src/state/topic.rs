@@ -1,12 +1,15 @@
 //! The changelog topic, created or checked at start: one partition per input partition (a
 //! changelog partition holds the state of its input partition), `compact,delete` (one record
 //! per (window, key) stays, and windows long closed go), a retention that outlives every open
-//! window. An existing topic is checked, never altered (rust-rdkafka's `alter_configs`
-//! resets every key it does not name).
+//! window. An existing topic's configuration is checked, never altered (rust-rdkafka's
+//! `alter_configs` resets every key it does not name); its partitions grow with the input's
+//! ([`grow`]): partition n holds input partition n's keys, so adding partitions moves no key.
 
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::admin::{
+    AdminClient, AdminOptions, NewPartitions, NewTopic, ResourceSpecifier, TopicReplication,
+};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::RDKafkaErrorCode;
 
@@ -36,52 +39,16 @@ pub async fn ensure(
     wanted: &Wanted<'_>,
     timeout: Duration,
 ) -> Result<(), String> {
-    // All topics: asking for one by name may create it with the broker's defaults.
-    let partitions = |admin: &AdminClient<DefaultClientContext>, name: &str| {
-        let md = admin
-            .inner()
-            .fetch_metadata(None, timeout)
-            .map_err(|e| format!("the cluster's topics: {e}"))?;
-        Ok::<_, String>(md.topics().iter().find(|t| t.name() == name).map(|t| {
-            let replicas = t.partitions().first().map_or(1, |p| p.replicas().len());
-            (t.partitions().len(), replicas)
-        }))
-    };
-    let (input_partitions, replicas) = partitions(admin, wanted.input)?
+    let (input_partitions, replicas) = partitions(admin, wanted.input, timeout)?
         .ok_or_else(|| format!("the input topic '{}' does not exist", wanted.input))?;
     let opts = AdminOptions::new().operation_timeout(Some(timeout));
-    if partitions(admin, wanted.changelog)?.is_none() {
-        let retention = wanted.retention.as_millis().to_string();
-        let topic = NewTopic::new(
-            wanted.changelog,
-            i32::try_from(input_partitions).unwrap_or(i32::MAX),
-            TopicReplication::Fixed(i32::try_from(replicas).unwrap_or(1)),
-        )
-        .set("cleanup.policy", "compact,delete")
-        .set("retention.ms", &retention)
-        .set("message.timestamp.type", "CreateTime");
-        let created = admin
-            .create_topics([&topic], &opts)
-            .await
-            .map_err(|e| format!("creating '{}': {e}", wanted.changelog))?;
-        for result in created {
-            match result {
-                Ok(_) => tracing::info!(
-                    topic = wanted.changelog,
-                    partitions = input_partitions,
-                    retention_ms = %retention,
-                    "changelog topic created"
-                ),
-                // Another instance created it meanwhile: checked below like any other.
-                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((name, code)) => return Err(format!("creating '{name}': {code}")),
-            }
-        }
+    if partitions(admin, wanted.changelog, timeout)?.is_none() {
+        create(admin, wanted, (input_partitions, replicas), &opts).await?;
     }
     // A topic just created takes a moment to reach every broker's metadata.
     let listed_by = std::time::Instant::now() + timeout;
     let have = loop {
-        match partitions(admin, wanted.changelog)? {
+        match partitions(admin, wanted.changelog, timeout)? {
             Some((have, _)) => break have,
             None if std::time::Instant::now() < listed_by => {
                 tokio::time::sleep(Duration::from_millis(100)).await
@@ -94,16 +61,88 @@ pub async fn ensure(
             }
         }
     };
-    if have != input_partitions {
+    if have > input_partitions {
         return Err(format!(
             "'{}' has {have} partitions and the input '{}' {input_partitions}: each input \
-             partition's state lives in the changelog partition of its number (choose \
-             another changelog, or recreate it)",
+             partition's state lives in the changelog partition of its number (the input was \
+             recreated? choose another changelog, or recreate it)",
             wanted.changelog, wanted.input
         ));
     }
+    if have < input_partitions
+        && let Err(e) = grow(admin, wanted.changelog, input_partitions, timeout).await
+    {
+        // The input grew while no instance ran: the partitions without a home are held.
+        tracing::error!(
+            changelog = wanted.changelog, have, input = input_partitions, error = %e,
+            "the changelog has fewer partitions than the input, and cannot grow: input \
+             partitions {have} and up are held until it does"
+        );
+    }
+    check(admin, wanted, &opts).await
+}
+
+/// The partitions and replicas of topic `name`, if it exists. All topics are asked for:
+/// asking for one by name may create it with the broker's defaults.
+fn partitions(
+    admin: &AdminClient<DefaultClientContext>,
+    name: &str,
+    timeout: Duration,
+) -> Result<Option<(usize, usize)>, String> {
+    let md = admin
+        .inner()
+        .fetch_metadata(None, timeout)
+        .map_err(|e| format!("the cluster's topics: {e}"))?;
+    Ok(md.topics().iter().find(|t| t.name() == name).map(|t| {
+        let replicas = t.partitions().first().map_or(1, |p| p.replicas().len());
+        (t.partitions().len(), replicas)
+    }))
+}
+
+/// Creates the changelog with the input's partitions and replicas.
+async fn create(
+    admin: &AdminClient<DefaultClientContext>,
+    wanted: &Wanted<'_>,
+    (partitions, replicas): (usize, usize),
+    opts: &AdminOptions,
+) -> Result<(), String> {
+    let retention = wanted.retention.as_millis().to_string();
+    let topic = NewTopic::new(
+        wanted.changelog,
+        i32::try_from(partitions).unwrap_or(i32::MAX),
+        TopicReplication::Fixed(i32::try_from(replicas).unwrap_or(1)),
+    )
+    .set("cleanup.policy", "compact,delete")
+    .set("retention.ms", &retention)
+    .set("message.timestamp.type", "CreateTime");
+    let created = admin
+        .create_topics([&topic], opts)
+        .await
+        .map_err(|e| format!("creating '{}': {e}", wanted.changelog))?;
+    for result in created {
+        match result {
+            Ok(_) => tracing::info!(
+                topic = wanted.changelog,
+                partitions,
+                retention_ms = %retention,
+                "changelog topic created"
+            ),
+            // Another instance created it meanwhile: checked like any other.
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((name, code)) => return Err(format!("creating '{name}': {code}")),
+        }
+    }
+    Ok(())
+}
+
+/// Checks the changelog's configuration.
+async fn check(
+    admin: &AdminClient<DefaultClientContext>,
+    wanted: &Wanted<'_>,
+    opts: &AdminOptions,
+) -> Result<(), String> {
     let configs = admin
-        .describe_configs([&ResourceSpecifier::Topic(wanted.changelog)], &opts)
+        .describe_configs([&ResourceSpecifier::Topic(wanted.changelog)], opts)
         .await
         .map_err(|e| format!("describing '{}': {e}", wanted.changelog))?;
     let resource = configs
@@ -118,6 +157,37 @@ pub async fn ensure(
         value("retention.ms").as_deref(),
         value("retention.bytes").as_deref(),
     )
+}
+
+/// Grows `changelog` to `partitions` (it has fewer: the input grew). Another instance that grew
+/// it first is no error. An error says why it could not (a grant missing: ALTER on the topic).
+pub async fn grow(
+    admin: &AdminClient<DefaultClientContext>,
+    changelog: &str,
+    partitions: usize,
+    timeout: Duration,
+) -> Result<(), String> {
+    let opts = AdminOptions::new().operation_timeout(Some(timeout));
+    let wanted = NewPartitions::new(changelog, partitions);
+    let grown = admin
+        .create_partitions([&wanted], &opts)
+        .await
+        .map_err(|e| format!("growing '{changelog}' to {partitions} partitions: {e}"))?;
+    for result in grown {
+        match result {
+            Ok(_) => tracing::info!(changelog, partitions, "changelog grown with the input"),
+            // It has that many already.
+            Err((_, RDKafkaErrorCode::InvalidPartitions)) => {}
+            Err((_, code)) => {
+                return Err(format!(
+                    "growing '{changelog}' to {partitions} partitions: {code} (the principal \
+                     needs ALTER on topic '{changelog}'; or add them: kafka-topics.sh --alter \
+                     --topic {changelog} --partitions {partitions})"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether a changelog's `cleanup.policy`, `retention.ms` and `retention.bytes` keep what a

@@ -29,7 +29,7 @@ use crate::config::{DedupConfig, Emit, Late};
 use crate::kafka::Tp;
 use crate::metrics::Metrics;
 use crate::state::changelog;
-use crate::state::restore::{Changelog, Unread};
+use crate::state::restore::{Changelog, Read, Unread};
 use crate::state::seen::{Acc, Adds, Change, Seen, Sum, Verdict, distinct_key};
 use crate::state::store::{Batch, Store};
 use crate::state::window::Window;
@@ -81,6 +81,14 @@ enum Held {
         number: Option<Sum>,
         distinct: Option<Vec<u8>>,
     },
+}
+
+/// Why a partition's state is not read back.
+enum Unrestored {
+    /// Not now: the unit aborts, and the restore is tried again.
+    Later(String),
+    /// Its changelog partition does not exist (the input grew): the partition is held.
+    Homeless(String),
 }
 
 /// The dedup in front of the record's transform.
@@ -175,6 +183,8 @@ impl Dedup {
         };
         let limit = i64::try_from(config.max_keys).unwrap_or(i64::MAX);
         dedup.metrics.state_window_keys_limit.set(limit);
+        let margin = config.max_ahead as f64 / 1000.0 + crate::config::dedup::MARGIN.as_secs_f64();
+        dedup.metrics.state_changelog_margin.set(margin);
         dedup
     }
 
@@ -187,12 +197,12 @@ impl Dedup {
 
     /// Reads `tp`'s state back, unless the open unit spent its restore budget already (then
     /// the unit aborts, the loop polls, and the next unit goes on).
-    fn restore(&mut self, tp: &Tp) -> Result<(), String> {
+    fn restore(&mut self, tp: &Tp) -> Result<(), Unrestored> {
         if self.restoring >= RESTORE_BUDGET {
-            return Err(format!(
+            return Err(Unrestored::Later(format!(
                 "restores took {:?} of this unit already; partition {} waits for the next",
                 self.restoring, tp.1
-            ));
+            )));
         }
         let started = Instant::now();
         let restored = self.restore_now(tp);
@@ -205,21 +215,50 @@ impl Dedup {
     /// is not in it any more); what the changelog added goes to the store with the new mark.
     /// A read that stops midway keeps what it got (in the store too, marked where it got to),
     /// and the next one goes on from there.
-    fn restore_now(&mut self, tp: &Tp) -> Result<(), String> {
+    fn restore_now(&mut self, tp: &Tp) -> Result<(), Unrestored> {
         let p = tp.1;
         self.metrics
             .state_restoring
             .set(self.unrestored.len() as i64);
         let started = Instant::now();
-        let (mut from, stored) = match self.resume.remove(tp) {
+        let (from, stored) = match self.resume.remove(tp) {
             Some(at) => (Some(at), 0),
             None => {
                 self.seen.revoked(tp);
                 self.load(tp)
             }
         };
-        let pace = self.restore_pace;
-        let (delta, read, skipped) = loop {
+        let (mut delta, read, skipped, from) = self.read_changelog(tp, from)?;
+        self.aged(p, read.written);
+        self.seen.restored(tp);
+        delta.marks.push((p, read.end));
+        delta.expire.extend(self.expire(tp));
+        self.write(&delta);
+        self.behind.remove(&p);
+        self.unrestored.remove(tp);
+        self.metrics.state_restored_records.inc_by(read.records);
+        self.metrics
+            .state_restoring
+            .set(self.unrestored.len() as i64);
+        self.gauges();
+        info!(
+            topic = %tp.0, partition = p, records = read.records, stored, from = ?from, skipped,
+            took = ?started.elapsed(), keys = self.seen.keys(),
+            "dedup state restored"
+        );
+        Ok(())
+    }
+
+    /// Reads `tp`'s changelog partition from `from` into the committed layer: what it added
+    /// (for the local store), how far it read, the records that were no state change, and
+    /// where it read from (the beginning, when the store's mark is not in it any more).
+    fn read_changelog(
+        &mut self,
+        tp: &Tp,
+        mut from: Option<i64>,
+    ) -> Result<(Batch, Read, u64, Option<i64>), Unrestored> {
+        let (p, pace) = (tp.1, self.restore_pace);
+        loop {
             let (seen, mut delta, mut skipped) = (&mut self.seen, Batch::default(), 0u64);
             let mut last = None;
             let read = self.source.read(p, from, &mut |offset, k, v| {
@@ -250,7 +289,7 @@ impl Dedup {
                 }
             });
             match read {
-                Ok(read) => break (delta, read, skipped),
+                Ok(read) => return Ok((delta, read, skipped, from)),
                 Err(Unread::OutOfRange(why)) if from.is_some() => {
                     warn!(
                         partition = p,
@@ -264,6 +303,7 @@ impl Dedup {
                     }
                     from = None;
                 }
+                Err(Unread::Missing(why)) => return Err(self.homeless(p, &why)),
                 Err(e) => {
                     self.metrics.state_restore_failures.inc();
                     // What was read is the changelog's below where it got: kept, and stored
@@ -276,28 +316,44 @@ impl Dedup {
                         }
                         None => self.seen.revoked(tp),
                     }
-                    return Err(format!("restoring the dedup state: {e}"));
+                    return Err(Unrestored::Later(format!("restoring the dedup state: {e}")));
                 }
             }
+        }
+    }
+
+    /// The state of partition `p` read back was last written at `written`: older than the
+    /// changelog keeps the keys of a window still open (retention counts from when a record was
+    /// written, and an outage keeps a window open that long longer), some may be gone.
+    fn aged(&self, p: i32, written: Option<i64>) {
+        let Some(written) = written else {
+            return;
         };
-        self.seen.restored(tp);
-        let mut delta = delta;
-        delta.marks.push((p, read.end));
-        delta.expire.extend(self.expire(tp));
-        self.write(&delta);
-        self.behind.remove(&p);
-        self.unrestored.remove(tp);
-        self.metrics.state_restored_records.inc_by(read.records);
-        self.metrics
-            .state_restoring
-            .set(self.unrestored.len() as i64);
-        self.gauges();
-        info!(
-            topic = %tp.0, partition = p, records = read.records, stored, from = ?from, skipped,
-            took = ?started.elapsed(), keys = self.seen.keys(),
-            "dedup state restored"
-        );
-        Ok(())
+        let age = (crate::clock::wall_ms() - written).max(0) as f64 / 1000.0;
+        self.metrics.state_restored_age.set(age);
+        let margin = self.metrics.state_changelog_margin.get();
+        if age > margin {
+            warn!(
+                partition = p,
+                age_s = age,
+                margin_s = margin,
+                "the state read back was written longer ago than the changelog keeps the keys \
+                 of a window still open (--window-max-ahead and a day): keys of windows open \
+                 then may be gone, and their records go out again; --state-dir keeps them \
+                 across any outage"
+            );
+        }
+    }
+
+    /// Input partition `p` has no changelog partition (the input grew): the changelog grows
+    /// to hold it, where the cluster lets it; either way the partition is held for now (a
+    /// partition just grown takes a moment to reach the client's metadata).
+    fn homeless(&mut self, p: i32, why: &str) -> Unrestored {
+        let grown = self.source.grow(usize::try_from(p).unwrap_or(0) + 1);
+        Unrestored::Homeless(match grown {
+            Ok(()) => format!("{why}; grown, read again shortly"),
+            Err(e) => format!("{why}; {e}"),
+        })
     }
 
     /// What the local store holds of `tp`, into the committed layer: the changelog offset to
@@ -778,7 +834,10 @@ impl Transform for Dedup {
         self.step = None;
         let tp = (input.topic.to_string(), input.partition);
         if self.unrestored.contains(&tp) {
-            self.restore(&tp).map_err(Failure::Unavailable)?;
+            self.restore(&tp).map_err(|e| match e {
+                Unrestored::Later(why) => Failure::Unavailable(why),
+                Unrestored::Homeless(why) => Failure::Held(why),
+            })?;
         }
         let key = self.key_of(input)?;
         let t = self.time_of(input)?;
@@ -1033,7 +1092,14 @@ mod tests {
     /// restores read; and after how many records the next read fails (a previous owner's
     /// transaction holding it back), if it is to.
     #[derive(Clone, Default)]
-    struct Log(Arc<Mutex<Written>>);
+    struct Log(
+        Arc<Mutex<Written>>,
+        Arc<Mutex<Partitions>>,
+        Arc<Mutex<Option<i64>>>,
+    );
+
+    /// The changelog's partitions (`None`: as many as asked for), and whether it may grow.
+    type Partitions = (Option<i32>, bool);
 
     /// The records, how many restores read, after how many the next read fails.
     type Written = (Vec<Entry>, u64, Option<u64>);
@@ -1054,6 +1120,9 @@ mod tests {
             from: Option<i64>,
             each: &mut Each<'_>,
         ) -> Result<Read, Unread> {
+            if self.1.lock().unwrap().0.is_some_and(|n| partition >= n) {
+                return Err(Unread::Missing(format!("no partition {partition}")));
+            }
             let mut log = self.0.lock().unwrap();
             let mine: Vec<_> = (log.0.iter())
                 .filter(|(p, _, _)| *p == partition)
@@ -1076,12 +1145,22 @@ mod tests {
             Ok(Read {
                 records,
                 end: mine.len() as i64,
+                written: *self.2.lock().unwrap(),
             })
         }
 
         fn end(&mut self, partition: i32) -> Result<i64, String> {
             let log = self.0.lock().unwrap();
             Ok(log.0.iter().filter(|(p, _, _)| *p == partition).count() as i64)
+        }
+
+        fn grow(&mut self, partitions: usize) -> Result<(), String> {
+            let mut p = self.1.lock().unwrap();
+            if !p.1 {
+                return Err("TOPIC_AUTHORIZATION_FAILED".into());
+            }
+            p.0 = Some(partitions as i32);
+            Ok(())
         }
     }
 
@@ -1323,6 +1402,55 @@ mod tests {
         assert_eq!(at("b", 2 * HOUR, 2 * HOUR).unwrap(), 1);
         // Within the bound (23 h ahead) it is taken.
         assert_eq!(at("c", 25 * HOUR, 2 * HOUR).unwrap(), 1);
+    }
+
+    /// A restore says how old the state it read back is, against how long the changelog keeps
+    /// the keys of a window still open (--window-max-ahead and a day): state written longer ago
+    /// than that (a long outage without --state-dir) may have lost keys to retention.
+    #[test]
+    fn a_restore_says_how_old_the_state_it_read_is() {
+        let log = Log::default();
+        let mut d = dedup(&log, Late::Dlq);
+        offer(&mut d, "a", HOUR).unwrap();
+        commit(&mut d, &log);
+        *log.2.lock().unwrap() = Some(crate::clock::wall_ms() - 3 * 24 * HOUR);
+        let (mut again, metrics) = dedup_of(&log, &config(Late::Dlq), Default::default(), None);
+        assert_eq!(metrics.state_changelog_margin.get(), 2.0 * 86_400.0);
+        assert_eq!(offer(&mut again, "a", 2 * HOUR).unwrap(), 0, "restored");
+        let age = metrics.state_restored_age.get();
+        assert!(
+            (3.0 * 86_400.0..3.0 * 86_400.0 + 60.0).contains(&age),
+            "{age}"
+        );
+    }
+
+    /// An input partition whose changelog partition does not exist (the input grew) is held,
+    /// and the changelog grows where the cluster lets it: the record comes again later, and
+    /// then its partition's state is read from the grown (empty) partition.
+    #[test]
+    fn a_partition_the_changelog_does_not_have_is_held_and_the_changelog_grows() {
+        let log = Log::default();
+        *log.1.lock().unwrap() = (Some(1), false);
+        let mut d = dedup(&log, Late::Dlq);
+        d.assigned(&[("in".into(), 1)]);
+        let mut of_1 = input("a", HOUR);
+        of_1.partition = 1;
+        match sent(&mut d, &of_1) {
+            Err(Failure::Held(why)) => assert!(why.contains("TOPIC_AUTHORIZATION_FAILED"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(offer(&mut d, "a", HOUR).unwrap(), 1, "partition 0 goes on");
+        log.1.lock().unwrap().1 = true;
+        assert!(
+            matches!(sent(&mut d, &of_1), Err(Failure::Held(_))),
+            "grown now"
+        );
+        assert_eq!(log.1.lock().unwrap().0, Some(2));
+        assert_eq!(
+            sent(&mut d, &of_1).unwrap().len(),
+            1,
+            "released: restored, taken"
+        );
     }
 
     /// Without --window-time the event time is the record's timestamp: one further than

@@ -94,6 +94,11 @@ pub enum Failure {
     /// off, report not ready; the record comes again. Never the DLQ.
     #[error("transform unavailable: {0}")]
     Unavailable(String),
+    /// The transform cannot take the record's partition now (its state has no home: the
+    /// input grew and the changelog could not): the partition is held, the others go on, and
+    /// the record comes again when it is released. Never the DLQ.
+    #[error("partition held: {0}")]
+    Held(String),
 }
 
 /// Builds (and for jq, compiles) the configured transform: one arm per kind.

@@ -123,6 +123,38 @@ pub fn create_topics_with(topics: &[(&str, i32, TopicConfig<'_>)]) {
     }
 }
 
+/// Grows `topic` to `partitions` partitions, and waits until they are listed.
+pub fn add_partitions(topic: &str, partitions: usize) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .unwrap();
+    let grow = rdkafka::admin::NewPartitions::new(topic, partitions);
+    let results = block_on(admin.create_partitions([&grow], &AdminOptions::new())).unwrap();
+    for r in results {
+        r.unwrap_or_else(|(t, e)| panic!("grow topic {t}: {e}"));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let md = admin
+            .inner()
+            .fetch_metadata(Some(topic), Duration::from_secs(5))
+            .unwrap();
+        let listed = md
+            .topics()
+            .iter()
+            .any(|x| x.name() == topic && x.partitions().len() == partitions);
+        if listed {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{topic} never grew to {partitions}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// The three topics of one pipeline: input, output, DLQ.
 pub struct Topics {
     pub input: String,
