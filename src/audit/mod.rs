@@ -526,27 +526,7 @@ pub fn analyze_parts<'h>(
         partitions: history.partitions.clone(),
         ..Report::default()
     };
-    // Inputs the cluster refused outputs of: their DLQ copies stand in for the outputs.
-    let refused = |reasons: &[&str]| -> HashSet<Id> {
-        history
-            .dlq
-            .iter()
-            .filter(|d| {
-                let reason = d.header(headers::ERROR_REASON);
-                reasons.iter().any(|r| reason == Some(r.as_bytes()))
-            })
-            .filter_map(|d| d.header(LINEAGE).and_then(headers::parse_lineage))
-            .map(|l| (l.0, l.1, l.2))
-            .collect()
-    };
-    let mut rejected = refused(&REJECTED);
-    r.rejected_by_broker = rejected.len();
-    let route_refused = refused(&[ROUTE_REFUSED]);
-    r.route_refused = route_refused.len();
-    rejected.extend(route_refused);
-    // The stage held an event time to the pipeline's clock then, which the replay's is past
-    // now: a record refused as too far ahead of it stands as the pipeline decided.
-    rejected.extend(refused(&[DEDUP_INPUT]));
+    let rejected = refused_inputs(history, &mut r);
     let expected = expect(
         history,
         replay,
@@ -597,6 +577,31 @@ pub fn analyze_parts<'h>(
         expected,
         missing,
     }
+}
+
+/// The inputs whose DLQ copies stand in for their outputs, as the pipeline decided: the
+/// cluster refused their outputs (counted in `r`), or the stage held their event time to the
+/// pipeline's clock then, which the replay's is past now.
+fn refused_inputs(history: &History, r: &mut Report) -> HashSet<Id> {
+    let refused = |reasons: &[&str]| -> HashSet<Id> {
+        history
+            .dlq
+            .iter()
+            .filter(|d| {
+                let reason = d.header(headers::ERROR_REASON);
+                reasons.iter().any(|r| reason == Some(r.as_bytes()))
+            })
+            .filter_map(|d| d.header(LINEAGE).and_then(headers::parse_lineage))
+            .map(|l| (l.0, l.1, l.2))
+            .collect()
+    };
+    let mut rejected = refused(&REJECTED);
+    r.rejected_by_broker = rejected.len();
+    let route_refused = refused(&[ROUTE_REFUSED]);
+    r.route_refused = route_refused.len();
+    rejected.extend(route_refused);
+    rejected.extend(refused(&[DEDUP_INPUT]));
+    rejected
 }
 
 /// The replay of every judged input: the outputs and DLQ records it should have.

@@ -322,6 +322,39 @@ impl Database {
         *commits % *every == 0
     }
 
+    /// The database refused `refused` of the unit's `rows` (each one's table by `ops`): each
+    /// is said, with its table and place, and becomes a rejection of the record it came from.
+    fn refused(
+        &mut self,
+        refused: &[(usize, Failure)],
+        rows: &[(usize, String)],
+        ops: &[(usize, Write)],
+    ) {
+        for (index, f) in refused {
+            let position = rows.iter().position(|(i, _)| i == index);
+            let table = (position.and_then(|k| self.config.tables.get(ops[k].0)))
+                .map_or("", String::as_str);
+            RowRefused {
+                table,
+                position,
+                rows: rows.len(),
+                code: f.code.as_deref(),
+                error: f,
+            }
+            .emit(&self.metrics);
+        }
+        self.rejections
+            .extend(refused.iter().map(|(index, f)| Rejection {
+                index: *index,
+                error: match f.kind {
+                    Kind::Data(name) => name,
+                    _ => "DATA_EXCEPTION",
+                },
+                named: true,
+                alone: true,
+            }));
+    }
+
     /// The open unit's rows, copies and offsets, in one transaction, committed.
     fn write(&mut self, moves: &BTreeMap<String, Vec<Advance>>) -> Result<(), Failed> {
         let (rows, ops, copies) = (
@@ -340,31 +373,7 @@ impl Database {
         match write_changes(db, &rows, &ops) {
             Ok(()) => {}
             Err(Unwritten::Rows(refused)) => {
-                for (index, f) in &refused {
-                    // Its place among the unit's rows, and its table.
-                    let position = rows.iter().position(|(i, _)| i == index);
-                    let table = position
-                        .and_then(|k| self.config.tables.get(ops[k].0))
-                        .map_or("", String::as_str);
-                    RowRefused {
-                        table,
-                        position,
-                        rows: rows.len(),
-                        code: f.code.as_deref(),
-                        error: f,
-                    }
-                    .emit(&self.metrics);
-                }
-                self.rejections
-                    .extend(refused.iter().map(|(index, f)| Rejection {
-                        index: *index,
-                        error: match f.kind {
-                            Kind::Data(name) => name,
-                            _ => "DATA_EXCEPTION",
-                        },
-                        named: true,
-                        alone: true,
-                    }));
+                self.refused(&refused, &rows, &ops);
                 self.rollback();
                 return Err(Failed::Abort(AbortReason::RecordRejected));
             }
