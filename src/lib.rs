@@ -22,8 +22,9 @@
 //!   `pipeline::writer` into the sink's open unit, and **commits** the unit with its offsets
 //!   when it is due. The consumer's rebalance callback ([`pipeline::context`]) reaches the same
 //!   session to commit (or abort) before partitions move; [`pipeline::rewind`] is where every
-//!   partition goes back to after an abort. `pipeline/tests.rs` runs these orderings over the
-//!   fakes of `pipeline/fake.rs`, without a broker.
+//!   partition goes back to after an abort; [`pipeline::held`] pauses the partitions the
+//!   transform cannot take now (the dedup's state has no home: the input grew). `pipeline/tests.rs`
+//!   runs these orderings over the fakes of `pipeline/fake.rs`, without a broker.
 //! - [`sink`]: where outputs go and how they become durable with the offsets: the
 //!   [`sink::Sink`] seam in exactly's own terms (connect, begin, send, commit with offsets,
 //!   abort, refused records, what is committed, partitions claimed), one file per guarantee
@@ -36,9 +37,9 @@
 //!   record the broker refused sends instead), [`sink::routes`] (when a topic routed by the
 //!   record that keeps refusing it becomes the record's fault) and [`sink::faults`] (testing
 //!   only: failures on purpose).
-//! - [`transform`]: the [`transform::Transform`] lifecycle (apply, partitions assigned and
-//!   revoked, how each unit its records went into ended; a bad record is not an unavailable
-//!   transform), one file per kind: passthrough,
+//! - [`transform`]: the [`transform::Transform`] lifecycle (apply, what the writer made of the
+//!   record, partitions assigned and revoked, how each unit its records went into ended; a bad
+//!   record is not an unavailable transform, nor a held partition), one file per kind: passthrough,
 //!   jq (jaq; programs of an enrichment's shape run straight over jaq's values, without its
 //!   interpreter: `transform::jq::direct`), the dedup (the first record per key per window, its keys in the transaction and
 //!   a changelog; or, with `--aggregate`, count, sum and distinct per group per window on the
