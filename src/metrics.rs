@@ -88,7 +88,7 @@ pub struct Metrics {
     pub state_window_keys_max: IntGauge,
     /// The most keys a window of one partition takes (`--window-max-keys`).
     pub state_window_keys_limit: IntGauge,
-    /// Owned partitions whose state is not restored yet.
+    /// Owned partitions whose records wait for their state to be read back.
     pub state_restoring: IntGauge,
     /// Owned partitions held: their state has no home (the input grew, the changelog could
     /// not).
@@ -98,6 +98,8 @@ pub struct Metrics {
     /// How old restored state may be before the changelog's retention may have deleted keys
     /// of windows still open: `--window-max-ahead` and a day.
     pub state_changelog_margin: Gauge,
+    /// Restores that read back state older than half of `state_changelog_margin`.
+    pub state_restores_aged: IntCounter,
     /// Changelog records read back by restores.
     pub state_restored_records: IntCounter,
     /// Restores that did not reach the changelog's end.
@@ -378,7 +380,7 @@ impl Metrics {
             ),
             state_restoring: gauge(
                 "state_restoring_partitions",
-                "Owned partitions whose dedup state is not restored yet.",
+                "Owned partitions whose records wait for their dedup state to be read back.",
             ),
             state_partitions_held: gauge(
                 "state_partitions_held",
@@ -394,6 +396,10 @@ impl Metrics {
                 "state_changelog_margin_seconds",
                 "How old restored state may be before the changelog's retention may have \
                  deleted keys of windows still open (--window-max-ahead and a day).",
+            ),
+            state_restores_aged: plain_counter(
+                "state_restores_aged_total",
+                "Restores that read back state older than half of state_changelog_margin_seconds.",
             ),
             state_restored_records: plain_counter(
                 "state_restored_records_total",

@@ -463,6 +463,26 @@ fn mysql_an_idle_connection_outlives_the_servers_idle_bound_and_nothing_aborts()
     p.assert_exactly_once(200);
 }
 
+/// A unit open longer than the server's bound on an idle session (nothing goes to the
+/// database before its commit): the connection, closed by the server meanwhile, is opened
+/// again before the unit's transaction begins, and the unit commits; no replay, no livelock.
+#[test]
+fn mysql_a_unit_open_longer_than_the_idle_bound_commits() {
+    let p = Pipeline::new(Backend::Mysql, "db-long-unit", 1);
+    let inputs = numbered(200, 1);
+    produce(&p.topics.input, &inputs);
+    let args = ["--db-statement-timeout", "1s", "--commit-interval", "4s"];
+    let mut a = p.start("a", &args);
+    p.wait_committed(200, Duration::from_secs(30), &[&a]);
+    assert!(
+        a.events("transaction aborted").is_empty(),
+        "{}",
+        a.log_text()
+    );
+    a.stop_cleanly();
+    p.assert_exactly_once(200);
+}
+
 fn a_paused_instance_is_fenced(backend: Backend) {
     use nix::sys::signal::Signal;
 

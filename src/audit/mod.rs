@@ -581,7 +581,8 @@ pub fn analyze_parts<'h>(
 
 /// The inputs whose DLQ copies stand in for their outputs, as the pipeline decided: the
 /// cluster refused their outputs (counted in `r`), or the stage held their event time to the
-/// pipeline's clock then, which the replay's is past now.
+/// pipeline's clock then (`dedup_input`, its message saying so), which the replay's is past
+/// now.
 fn refused_inputs(history: &History, r: &mut Report) -> HashSet<Id> {
     let refused = |reasons: &[&str]| -> HashSet<Id> {
         history
@@ -600,7 +601,17 @@ fn refused_inputs(history: &History, r: &mut Report) -> HashSet<Id> {
     let route_refused = refused(&[ROUTE_REFUSED]);
     r.route_refused = route_refused.len();
     rejected.extend(route_refused);
-    rejected.extend(refused(&[DEDUP_INPUT]));
+    // Held to the pipeline's clock, which the replay's is past now: only those.
+    let ahead = (history.dlq.iter())
+        .filter(|d| d.header(headers::ERROR_REASON) == Some(DEDUP_INPUT.as_bytes()))
+        .filter(|d| {
+            d.header(headers::ERROR_MESSAGE).is_some_and(|m| {
+                String::from_utf8_lossy(m).contains(crate::transform::dedup::AHEAD_OF_CLOCK)
+            })
+        })
+        .filter_map(|d| d.header(LINEAGE).and_then(headers::parse_lineage))
+        .map(|l| (l.0, l.1, l.2));
+    rejected.extend(ahead);
     rejected
 }
 
@@ -1211,15 +1222,31 @@ mod tests {
     /// it, as the pipeline does, so the second b is the first out.
     #[test]
     fn a_dedup_replay_keeps_nothing_of_an_input_whose_output_was_refused() {
-        for reason in [REJECTED[0], DEDUP_INPUT] {
+        let ahead = format!(
+            "event time 9 ms is 2 s {}, more",
+            crate::transform::dedup::AHEAD_OF_CLOCK
+        );
+        let cases = [
+            (REJECTED[0], ""),
+            (DEDUP_INPUT, ahead.as_str()),
+            (DEDUP_INPUT, "no key"),
+        ];
+        for (reason, message) in cases {
             let (mut h, replay) = deduplicated();
             h.outputs = vec![passed(0, 3), passed(1, 4)];
             let mut d = output(0, 0, "in/0/1/0", "b");
             d.topic = "out.dlq".into();
             d.headers
                 .push((headers::ERROR_REASON.into(), Some(reason.into())));
+            d.headers
+                .push((headers::ERROR_MESSAGE.into(), Some(message.into())));
             h.dlq.push(d);
             let r = check_with(&h, replay);
+            if message == "no key" {
+                // Another dedup_input: the replay's to judge, and it takes the record.
+                assert!(r.anomalies() > 0, "{}", r.summary());
+                continue;
+            }
             assert_eq!(r.anomalies(), 0, "{reason}: {}", r.summary());
             assert_eq!((r.expected_outputs, r.expected_dlq), (2, 1), "{reason}");
         }

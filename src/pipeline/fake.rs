@@ -364,6 +364,8 @@ pub struct FakeGroup {
     pub seeks: RefCell<Vec<Vec<(Tp, i64)>>>,
     /// Partitions paused: not read.
     paused: RefCell<std::collections::BTreeSet<Tp>>,
+    /// A pause does not take (the partition's records keep coming).
+    pub pause_ignored: std::cell::Cell<bool>,
 }
 
 impl FakeGroup {
@@ -376,6 +378,7 @@ impl FakeGroup {
             turn: RefCell::default(),
             seeks: RefCell::default(),
             paused: RefCell::default(),
+            pause_ignored: std::cell::Cell::new(false),
         }
     }
 
@@ -490,7 +493,9 @@ impl Group for FakeGroup {
     }
 
     fn pause(&self, partitions: &[Tp]) -> KafkaResult<()> {
-        self.paused.borrow_mut().extend(partitions.iter().cloned());
+        if !self.pause_ignored.get() {
+            self.paused.borrow_mut().extend(partitions.iter().cloned());
+        }
         Ok(())
     }
 

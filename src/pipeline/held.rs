@@ -35,8 +35,18 @@ pub struct Held {
 }
 
 impl Held {
+    /// Whether `topic`/`partition` is held: its records are not applied (they come again from
+    /// its first one not taken). On every record: nothing to look up while nothing is held.
+    pub fn holds(&self, topic: &str, partition: i32) -> bool {
+        if self.partitions.is_empty() {
+            return false;
+        }
+        let tp = (topic.to_string(), partition);
+        self.partitions.get(&tp).is_some_and(|h| h.until.is_some())
+    }
+
     /// The record of `topic`/`partition` at `offset` was not taken (`why`): its partition is
-    /// paused until its back-off passed.
+    /// paused until its back-off passed. Held already, it keeps its first record not taken.
     pub fn hold(
         &mut self,
         group: &dyn Group,
@@ -46,11 +56,15 @@ impl Held {
         metrics: &Metrics,
     ) {
         let tp = (topic.to_string(), partition);
-        let times = self.partitions.get(&tp).map_or(0, |h| h.times) + 1;
+        let (offset, times) = match self.partitions.get(&tp) {
+            Some(h) if h.until.is_some() => (h.offset.min(offset), h.times),
+            Some(h) => (offset, h.times + 1),
+            None => (offset, 1),
+        };
         let pause = Backoff::HELD.after(times);
         error!(topic, partition, offset, why, retry_in = ?pause, "partition held: its records wait, the others go on");
         if let Err(e) = group.pause(std::slice::from_ref(&tp)) {
-            error!(topic, partition, error = %e, "cannot pause a held partition: its records are read and held again");
+            error!(topic, partition, error = %e, "cannot pause a held partition: its records are read and left for later");
         }
         let until = Some(crate::clock::now() + pause);
         self.partitions.insert(
@@ -64,33 +78,40 @@ impl Held {
         self.gauge(metrics);
     }
 
-    /// Releases the partitions whose back-off passed: resumed, and back at their first record
-    /// not taken, which is tried again.
+    /// Releases the partitions whose back-off passed: back at their first record not taken
+    /// (sought while still paused), then resumed, and tried again. One that cannot be sought
+    /// stays paused for another back-off.
     pub fn release(&mut self, group: &dyn Group, metrics: &Metrics) {
         let now = crate::clock::now();
         let due: Vec<(Tp, i64)> = (self.partitions.iter())
             .filter(|(_, h)| h.until.is_some_and(|u| u <= now))
             .map(|(tp, h)| (tp.clone(), h.offset))
             .collect();
-        if due.is_empty() {
-            return;
-        }
-        let partitions: Vec<Tp> = due.iter().map(|(tp, _)| tp.clone()).collect();
-        let resumed = group.resume(&partitions);
-        let sought = resumed.is_ok() && group.seek(&due, std::time::Duration::from_secs(5)).is_ok();
-        for (tp, offset) in &due {
-            let Some(h) = self.partitions.get_mut(tp) else {
+        for (tp, offset) in due {
+            let sought = group.seek(&[(tp.clone(), offset)], std::time::Duration::from_secs(5));
+            let resumed = sought.is_ok() && group.resume(std::slice::from_ref(&tp)).is_ok();
+            let Some(h) = self.partitions.get_mut(&tp) else {
                 continue;
             };
-            if sought {
+            if resumed {
                 info!(topic = %tp.0, partition = tp.1, offset, "held partition released: tried again");
                 h.until = None;
             } else {
-                // Tried again after the next back-off.
+                let _ = group.pause(std::slice::from_ref(&tp));
                 h.until = Some(now + Backoff::HELD.after(h.times));
             }
         }
         self.gauge(metrics);
+    }
+
+    /// The consumer went back to `committed` (a rewind): a held partition's first record
+    /// not taken is never past where it went back to.
+    pub fn rewound(&mut self, committed: &[(Tp, Option<i64>)]) {
+        for (tp, at) in committed {
+            if let (Some(h), Some(at)) = (self.partitions.get_mut(tp), at) {
+                h.offset = h.offset.min(*at);
+            }
+        }
     }
 
     /// A record of `topic`/`partition` was taken: released, it is held no more. On every

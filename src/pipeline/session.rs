@@ -149,6 +149,8 @@ impl Session {
             held.release(group, &self.metrics);
         }
         match (&mut self.intake, record) {
+            // A record of a held partition (one read before its pause took): it comes again.
+            (Intake::Direct(_, held), Some(r)) if held.holds(r.topic, r.partition) => {}
             (Intake::Direct(t, held), Some(r)) => {
                 let mut holding = None;
                 let fate = self.writer.write(r, || {
@@ -379,6 +381,9 @@ impl Session {
         };
         self.writer.driver.resolve(&committed);
         self.writer.driver.rewound();
+        if let Some(held) = self.intake.held() {
+            held.rewound(&committed);
+        }
         Backoff::ABORTS.wait(self.writer.driver.failures_in_a_row());
         Ok(())
     }

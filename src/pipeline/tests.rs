@@ -359,8 +359,18 @@ impl crate::transform::Transform for Homeless {
 /// from there, and nothing of it is lost or doubled.
 #[test]
 fn a_held_partition_waits_while_the_others_go_on_and_nothing_of_it_is_lost() {
+    for pause_ignored in [false, true] {
+        held_partition(pause_ignored);
+    }
+}
+
+/// [`a_held_partition_waits_while_the_others_go_on_and_nothing_of_it_is_lost`], with a
+/// consumer whose pause takes or not (the held partition's records keep coming, and wait all
+/// the same).
+fn held_partition(pause_ignored: bool) {
     crate::clock::simulated::start();
     let mut core = Core::transformed(Box::new(Homeless { left: 1 }), every(2));
+    core.group.pause_ignored.set(pause_ignored);
     core.broker().fill(("in", 0), 0, 4, &[]);
     core.broker().fill(("in", 1), 0, 4, &[]);
     core.assign(("in", 0), 0);

@@ -43,8 +43,8 @@ pub enum Mode {
 pub enum Fate {
     /// These outputs go out (each as [`canonical`] has it), perhaps none.
     Out(Vec<String>),
-    /// Its dead-letter copy goes, for this reason.
-    Dlq(&'static str),
+    /// Its dead-letter copy goes, for this reason: the input's value (as [`canonical`] has it).
+    Dlq(&'static str, String),
 }
 
 /// A partition's state as facts (see the module's doc).
@@ -91,8 +91,9 @@ impl Running {
         let t = r.timestamp.unwrap_or_default();
         let start = t.div_euclid(WINDOW_MS) * WINDOW_MS;
         let key = r.key.clone().unwrap_or_default();
+        let copy = || canonical(mode, r.value.as_deref().unwrap_or_default());
         if self.stream.is_some_and(|s| start + WINDOW_MS <= s) {
-            return Fate::Dlq("late");
+            return Fate::Dlq("late", copy());
         }
         let n = number(r);
         let outputs = match mode {
@@ -111,7 +112,7 @@ impl Running {
             Mode::Final => self.closing(t),
         };
         if poisoned(r) && !outputs.is_empty() {
-            return Fate::Dlq("rejected_by_broker");
+            return Fate::Dlq("rejected_by_broker", copy());
         }
         match mode {
             Mode::Dedup => {
@@ -229,10 +230,7 @@ impl Reference {
                     Fate::Out(outputs) => (outputs.iter())
                         .map(|v| (OUTPUT, None, v.clone()))
                         .collect(),
-                    Fate::Dlq(reason) => {
-                        let value = got.first().map(|w| w.2.clone()).unwrap_or_default();
-                        vec![(DLQ, Some(reason.to_string()), value)]
-                    }
+                    Fate::Dlq(reason, copy) => vec![(DLQ, Some(reason.to_string()), copy.clone())],
                 };
                 if got != want {
                     return Err(format!("not exactly once: {at}"));

@@ -275,17 +275,20 @@ impl Database {
     }
 
     /// Brings the Kafka group's copy of the table's offsets up to date, at most once per
-    /// `copy_every` (`now`: whenever): what the group holds for the partitions claimed is read
-    /// back, and whatever it lacks is sent again. A commit's copy goes at once, but one that
-    /// did not land (a rebalance refuses the old generation's) would leave the group behind
-    /// for good once the input stops: kafka-consumer-groups, kafka_exporter, Burrow and KEDA
-    /// would show a lag that never clears.
-    fn copy_owed(&mut self, group: &dyn Group, now: bool) {
+    /// `copy_every` (`now`: whenever): what the group holds for the partitions claimed and
+    /// still assigned (another owner copies the others) is read back, and whatever it lacks
+    /// is sent again; `sent` were sent just now. A commit's copy goes at once, but one that did
+    /// not land (a rebalance refuses the old generation's) would leave the group behind for
+    /// good once the input stops: kafka-consumer-groups, kafka_exporter, Burrow and KEDA would
+    /// show a lag that never clears.
+    fn copy_owed(&mut self, group: &dyn Group, now: bool, sent: &[(Tp, i64)]) {
         if !now && self.copy_checked.elapsed() < self.copy_every {
             return;
         }
         self.copy_checked = std::time::Instant::now();
+        let assigned = group.assignment().unwrap_or_default();
         let owed: Vec<(Tp, i64)> = (self.claims().iter())
+            .filter(|(tp, _)| assigned.contains(tp) && !sent.iter().any(|(s, _)| s == *tp))
             .filter_map(|(tp, c)| {
                 let n = c.next?;
                 (c.copied != Some(n)).then(|| (tp.clone(), n))
@@ -310,6 +313,20 @@ impl Database {
             && let Err(e) = group.copy_offsets(&again)
         {
             warn!(error = %e, partitions = again.len(), "copying the offsets to the Kafka group failed; it is tried again");
+        }
+    }
+
+    /// A round trip on a connection idle for half the server's bound on an idle session
+    /// (MySQL's `wait_timeout`), so that it stays open; one that does not answer is opened again
+    /// before its next use. Between units, and before a unit's transaction: nothing goes to the
+    /// database before a commit, and a unit may be open longer than the bound.
+    fn keepalive(&mut self) {
+        let Some(db) = &self.db else {
+            return;
+        };
+        if let Err(f) = db.keepalive() {
+            info!(error = %f, "the database connection did not answer while idle; it is opened again before its next use");
+            self.db = None;
         }
     }
 
@@ -362,6 +379,7 @@ impl Database {
             std::mem::take(&mut self.ops),
             std::mem::take(&mut self.copies),
         );
+        self.keepalive();
         self.ensure()?;
         let db = self.connected()?;
         let began = std::time::Instant::now();
@@ -535,10 +553,10 @@ impl Sink for Database {
             }
         }
         // For the lag tools; the table is what counts. What did not land goes again.
-        self.copy_owed(group, false);
         if let Err(e) = group.copy_offsets(offsets) {
             warn!(error = %e, "copying the offsets to the Kafka group failed; it is tried again");
         }
+        self.copy_owed(group, false, offsets);
         Ok(())
     }
 
@@ -590,16 +608,8 @@ impl Sink for Database {
     }
 
     fn idle(&mut self, group: &dyn Group, last: bool) {
-        self.copy_owed(group, last);
-        let Some(db) = &self.db else {
-            return;
-        };
-        if let Err(f) = db.keepalive() {
-            info!(error = %f, "the database connection did not answer while idle; it is opened again before its next use");
-            if f.closed || !db.usable() {
-                self.db = None;
-            }
-        }
+        self.copy_owed(group, last, &[]);
+        self.keepalive();
     }
 
     fn claim(
@@ -835,7 +845,7 @@ mod tests {
             Vec::new()
         }
         fn assignment(&self) -> rdkafka::error::KafkaResult<Vec<Tp>> {
-            Ok(Vec::new())
+            Ok(vec![("in".to_string(), 0)])
         }
         fn seek(&self, _: &[(Tp, i64)], _: Duration) -> Result<(), crate::sink::SeekFailed> {
             Ok(())
@@ -850,7 +860,8 @@ mod tests {
 
     /// The group's copy of the table's offsets reaches them even when a copy is lost and no
     /// unit commits any more (the input stopped): every check reads back what the group holds
-    /// and sends what it lacks, until it holds them; then nothing more is sent.
+    /// and sends what it lacks, until it holds them; then nothing more is sent. A partition no
+    /// longer assigned is its new owner's to copy.
     #[test]
     fn a_lost_copy_of_the_offsets_is_sent_again_until_the_group_holds_them() {
         let mut d = sink(None);
@@ -861,6 +872,8 @@ mod tests {
             copied: None,
         };
         d.claims().insert(tp.clone(), claim);
+        // A claim of a partition revoked since: its new owner copies it, not this one.
+        d.claims().insert(("in".to_string(), 1), claim);
         let group = Losing::default();
         group.lose.set(1);
         d.idle(&group, true);
@@ -879,6 +892,11 @@ mod tests {
         d.idle(&group, true);
         assert_eq!(group.copies.get(), 2, "held: nothing sent again");
         assert_eq!(d.claims()[&tp].copied, Some(10));
+        assert_eq!(
+            group.held.borrow().len(),
+            1,
+            "nothing of the revoked partition"
+        );
     }
 
     #[test]

@@ -229,9 +229,21 @@ impl Driver {
                 self.rejections.too_large(source);
                 Err(SendError::TooLarge)
             }
-            // Nothing is committed by a send.
-            Err(Failed::Abort(reason) | Failed::Unknown { reason, .. }) => self.aborted(reason),
-            Err(Failed::Recreate(reason)) => {
+            // Nothing is committed by a send: an unknown outcome is no send's.
+            Err(
+                Failed::Abort(reason)
+                | Failed::Unknown {
+                    reason,
+                    recreate: false,
+                },
+            ) => self.aborted(reason),
+            Err(
+                Failed::Recreate(reason)
+                | Failed::Unknown {
+                    reason,
+                    recreate: true,
+                },
+            ) => {
                 self.fail_recreate(reason).map_err(SendError::Fatal)?;
                 Err(SendError::Aborted)
             }

@@ -437,7 +437,7 @@ mod tests {
 
     /// Every record of the transaction is on the broker before its offsets join it: from then
     /// on a new owner's offset fetch waits for the transaction, and its restore must find
-    /// every changelog record of it once it ended (the simulator's seed 69 without this).
+    /// every changelog record of it once it ended (else the simulator finds a record doubled).
     #[test]
     fn a_commit_flushes_every_record_before_it_sends_the_offsets() {
         let t = Recorded::default();

@@ -49,11 +49,14 @@ impl CommitOffsets {
         positions: Vec<(Tp, i64)>,
         unapplied: &dyn Unapplied,
     ) -> Vec<(Tp, i64)> {
-        let mut offsets: HashMap<Tp, i64> = unit
+        let firsts = unapplied.firsts();
+        // A unit's own records come before what is unapplied; capped all the same.
+        let unit_offsets = unit
             .next_offsets()
             .map(|(topic, p, next)| ((topic.to_string(), p), next))
             .collect();
-        for (tp, pos) in below(positions, &unapplied.firsts()) {
+        let mut offsets: HashMap<Tp, i64> = below(unit_offsets, &firsts).into_iter().collect();
+        for (tp, pos) in below(positions, &firsts) {
             match offsets.get_mut(&tp) {
                 Some(next) => *next = (*next).max(pos),
                 None if self.moved(&tp, pos) => {

@@ -48,6 +48,10 @@ const RESTORE_BUDGET: Duration = Duration::from_secs(5);
 /// label twice, five numbers, the field names.
 const TOTALS_OVERHEAD: usize = 256;
 
+/// What the message of a record refused for an event time too far ahead of this host's clock
+/// says: the audit, whose clock is later, takes such a refusal as the pipeline decided it.
+pub const AHEAD_OF_CLOCK: &str = "ahead of this host's clock";
+
 /// The windowed aggregates (`--aggregate`), the dedup's other mode.
 struct Aggregate {
     count: bool,
@@ -65,11 +69,11 @@ struct Step {
     tp: Tp,
     /// Its event time: the stream time moves to it.
     t: i64,
-    change: Held,
+    change: Effect,
 }
 
 /// A step's change besides the stream time.
-enum Held {
+enum Effect {
     /// None (a duplicate).
     Nothing,
     /// Its key, first seen in its window.
@@ -113,6 +117,9 @@ pub struct Dedup {
     max_ahead: i64,
     /// Owned partitions whose state is not read back yet.
     unrestored: BTreeSet<Tp>,
+    /// Unrestored partitions a record asked for (a restore was tried): the ones whose records
+    /// wait. An idle partition is restored at its first record, and waits for nothing before.
+    waiting: BTreeSet<Tp>,
     /// Unrestored partitions whose last restore stopped midway, and the changelog offset it
     /// got to: everything below is in the committed layer (and the store, marked there).
     resume: BTreeMap<Tp, i64>,
@@ -168,6 +175,7 @@ impl Dedup {
             max_key: config.max_key,
             max_ahead: config.max_ahead,
             unrestored: BTreeSet::new(),
+            waiting: BTreeSet::new(),
             resume: BTreeMap::new(),
             restoring: Duration::ZERO,
             step: None,
@@ -198,6 +206,9 @@ impl Dedup {
     /// Reads `tp`'s state back, unless the open unit spent its restore budget already (then
     /// the unit aborts, the loop polls, and the next unit goes on).
     fn restore(&mut self, tp: &Tp) -> Result<(), Unrestored> {
+        if self.waiting.insert(tp.clone()) {
+            self.restoring_gauge();
+        }
         if self.restoring >= RESTORE_BUDGET {
             return Err(Unrestored::Later(format!(
                 "restores took {:?} of this unit already; partition {} waits for the next",
@@ -217,9 +228,6 @@ impl Dedup {
     /// and the next one goes on from there.
     fn restore_now(&mut self, tp: &Tp) -> Result<(), Unrestored> {
         let p = tp.1;
-        self.metrics
-            .state_restoring
-            .set(self.unrestored.len() as i64);
         let started = Instant::now();
         let (from, stored) = match self.resume.remove(tp) {
             Some(at) => (Some(at), 0),
@@ -236,10 +244,9 @@ impl Dedup {
         self.write(&delta);
         self.behind.remove(&p);
         self.unrestored.remove(tp);
+        self.waiting.remove(tp);
         self.metrics.state_restored_records.inc_by(read.records);
-        self.metrics
-            .state_restoring
-            .set(self.unrestored.len() as i64);
+        self.restoring_gauge();
         self.gauges();
         info!(
             topic = %tp.0, partition = p, records = read.records, stored, from = ?from, skipped,
@@ -332,6 +339,9 @@ impl Dedup {
         let age = (crate::clock::wall_ms() - written).max(0) as f64 / 1000.0;
         self.metrics.state_restored_age.set(age);
         let margin = self.metrics.state_changelog_margin.get();
+        if age > margin / 2.0 {
+            self.metrics.state_restores_aged.inc();
+        }
         if age > margin {
             warn!(
                 partition = p,
@@ -440,6 +450,11 @@ impl Dedup {
         }
     }
 
+    /// Partitions whose records wait for their restore (not the idle ones not restored yet).
+    fn restoring_gauge(&self) {
+        self.metrics.state_restoring.set(self.waiting.len() as i64);
+    }
+
     fn gauges(&self) {
         self.metrics.state_keys.set(self.seen.keys() as i64);
         (self.metrics.state_window_keys_max).set(self.seen.fullest_window() as i64);
@@ -502,18 +517,18 @@ impl Dedup {
     fn not_ahead(&self, input: &InputRecord<'_>, t: i64) -> Result<(), TransformError> {
         let too_far = |from: i64, of: &str| {
             bad(format!(
-                "event time {t} ms is {} s ahead of {of}, more than --window-max-ahead",
+                "event time {t} ms is {} s {of}, more than --window-max-ahead",
                 (t - from) / 1000
             ))
         };
         if let Some(ts) = input.timestamp.filter(|_| self.time.is_some())
             && t > ts.saturating_add(self.max_ahead)
         {
-            return Err(too_far(ts, "the record's timestamp"));
+            return Err(too_far(ts, "ahead of the record's timestamp"));
         }
         let now = crate::clock::wall_ms();
         if t > now.saturating_add(self.max_ahead) {
-            return Err(too_far(now, "this host's clock"));
+            return Err(too_far(now, AHEAD_OF_CLOCK));
         }
         Ok(())
     }
@@ -553,7 +568,7 @@ impl Dedup {
 
     /// A record for `group` at event time `t` in `window`, aggregated: its group's new totals
     /// (`updates`) or the totals of every window it closes (`final`) are its outputs. The
-    /// state changes only once its outputs went out ([`Held::Add`]).
+    /// state changes only once its outputs went out ([`Effect::Add`]).
     fn aggregate<'a>(
         &mut self,
         input: &InputRecord<'a>,
@@ -614,7 +629,7 @@ impl Dedup {
                 };
                 self.verdict("aggregated");
                 let (group, number) = (group.into(), adds.number);
-                let change = Held::Add {
+                let change = Effect::Add {
                     window,
                     group,
                     number,
@@ -862,7 +877,7 @@ impl Transform for Dedup {
                 self.step = Some(Step {
                     tp,
                     t,
-                    change: Held::Nothing,
+                    change: Effect::Nothing,
                 });
                 Ok(Vec::new())
             }
@@ -884,7 +899,7 @@ impl Transform for Dedup {
                 self.step = Some(Step {
                     tp,
                     t,
-                    change: Held::Key(window, key.into()),
+                    change: Effect::Key(window, key.into()),
                 });
                 Ok(outputs)
             }
@@ -900,12 +915,12 @@ impl Transform for Dedup {
         }
         self.seen.advance(&tp, t);
         match change {
-            Held::Nothing => {}
-            Held::Key(window, key) => {
+            Effect::Nothing => {}
+            Effect::Key(window, key) => {
                 let change = self.seen.remember(&tp, window, &key);
                 self.pending.push((tp.1, change));
             }
-            Held::Add {
+            Effect::Add {
                 window,
                 group,
                 number,
@@ -931,9 +946,6 @@ impl Transform for Dedup {
             self.owned.insert(tp.clone());
             self.unrestored.insert(tp.clone());
         }
-        self.metrics
-            .state_restoring
-            .set(self.unrestored.len() as i64);
     }
 
     fn revoked(&mut self, partitions: &[Tp]) {
@@ -943,12 +955,11 @@ impl Transform for Dedup {
             self.seen.revoked(tp);
             self.owned.remove(tp);
             self.unrestored.remove(tp);
+            self.waiting.remove(tp);
             self.resume.remove(tp);
             self.behind.remove(&tp.1);
         }
-        self.metrics
-            .state_restoring
-            .set(self.unrestored.len() as i64);
+        self.restoring_gauge();
         self.gauges();
     }
 
@@ -1012,9 +1023,6 @@ impl Transform for Dedup {
             for tp in self.owned.clone() {
                 self.seen.revoked(&tp);
             }
-            self.metrics
-                .state_restoring
-                .set(self.unrestored.len() as i64);
         }
     }
 
@@ -1413,6 +1421,14 @@ mod tests {
         let mut d = dedup(&log, Late::Dlq);
         offer(&mut d, "a", HOUR).unwrap();
         commit(&mut d, &log);
+        *log.2.lock().unwrap() = Some(crate::clock::wall_ms() - 23 * HOUR);
+        let (mut young, metrics) = dedup_of(&log, &config(Late::Dlq), Default::default(), None);
+        assert_eq!(offer(&mut young, "a", 2 * HOUR).unwrap(), 0, "restored");
+        assert_eq!(
+            metrics.state_restores_aged.get(),
+            0,
+            "under half the margin"
+        );
         *log.2.lock().unwrap() = Some(crate::clock::wall_ms() - 3 * 24 * HOUR);
         let (mut again, metrics) = dedup_of(&log, &config(Late::Dlq), Default::default(), None);
         assert_eq!(metrics.state_changelog_margin.get(), 2.0 * 86_400.0);
@@ -1422,6 +1438,7 @@ mod tests {
             (3.0 * 86_400.0..3.0 * 86_400.0 + 60.0).contains(&age),
             "{age}"
         );
+        assert_eq!(metrics.state_restores_aged.get(), 1);
     }
 
     /// An input partition whose changelog partition does not exist (the input grew) is held,
@@ -1524,24 +1541,27 @@ mod tests {
         assert_eq!(total, 8, "a key and a stream time a unit");
         log.0.lock().unwrap().2 = Some(5);
         let before = log.read_so_far();
-        let mut again = dedup(&log, Late::Dlq);
+        let (mut again, metrics) = dedup_of(&log, &config(Late::Dlq), Default::default(), None);
         assert_eq!(
             log.read_so_far(),
             before,
             "nothing read before a record comes"
         );
+        assert_eq!(metrics.state_restoring.get(), 0, "no record waits");
         // The first record's restore stops after 5 records: its unit aborts.
         assert!(matches!(
             offer(&mut again, "a", 5 * HOUR),
             Err(Failure::Unavailable(_))
         ));
         assert_eq!(log.read_so_far() - before, 5);
+        assert_eq!(metrics.state_restoring.get(), 1, "its records wait");
         again.dropped(true);
         assert_eq!(
             offer(&mut again, "a", 5 * HOUR).unwrap(),
             0,
             "a was read before"
         );
+        assert_eq!(metrics.state_restoring.get(), 0);
         // The next restore read the 3 records left, not all 8 again.
         assert_eq!(log.read_so_far() - before, total);
         assert_eq!(offer(&mut again, "d", 5 * HOUR).unwrap(), 0, "d after");

@@ -84,10 +84,9 @@ impl Driver {
     /// (fencing the old one) and completes whatever the old one left open. Backs off while
     /// failures repeat. A rewind is owed afterwards.
     pub(super) fn recreate(&mut self, reason: AbortReason) -> Result<(), Error> {
-        if let State::Open(_) = std::mem::replace(&mut self.state, State::RewindOwed) {
-            // The new producer's init_transactions aborts it.
-            self.settled.push(Settled::Dropped);
-        }
+        // What was open is settled already (`fail_recreate`, `abort_with`); `begin` opened none.
+        debug_assert!(!matches!(self.state, State::Open(_)));
+        self.state = State::RewindOwed;
         // The old producer's reports die with it.
         self.learn(false);
         self.reconnect(reason)

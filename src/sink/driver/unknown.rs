@@ -1,8 +1,8 @@
 //! A commit whose outcome was unknown (a timeout on EndTxn, or a retry of it answered by a newer
 //! epoch): the unit is set aside, not counted as aborted, until the rewind has read what the
-//! sink committed. If the committed offsets are
-//! the ones the commit sent, it committed: its records, outputs and latencies count as any
-//! committed unit's; otherwise it is counted as the abort it was.
+//! sink committed. If the committed offsets are the ones the commit sent, it committed: its
+//! records, outputs and latencies count as any committed unit's; otherwise it is counted as the
+//! abort it was.
 
 use std::time::Instant;
 
