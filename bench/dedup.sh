@@ -56,9 +56,11 @@ exactly_args() { # group output [extra…]
 }
 
 # The restore of every partition (6) after a restart: seconds from start to the last one.
+# A partition's state is read back at its first record: one waits in each before the start.
 restore() { # log args…
   local log=$1
   shift
+  "${loadgen[@]}" touch --topic starts --partitions 6 >&2
   local started
   started=$(date +%s.%N)
   "$exactly" "$@" 2>"$log" &

@@ -82,6 +82,10 @@ impl Held {
     /// (sought while still paused), then resumed, and tried again. One that cannot be sought
     /// stays paused for another back-off.
     pub fn release(&mut self, group: &dyn Group, metrics: &Metrics) {
+        // Every turn asks: nothing held is the common case, and costs nothing.
+        if self.partitions.is_empty() {
+            return;
+        }
         let now = crate::clock::now();
         let due: Vec<(Tp, i64)> = (self.partitions.iter())
             .filter(|(_, h)| h.until.is_some_and(|u| u <= now))
@@ -100,8 +104,8 @@ impl Held {
                 let _ = group.pause(std::slice::from_ref(&tp));
                 h.until = Some(now + Backoff::HELD.after(h.times));
             }
+            self.gauge(metrics);
         }
-        self.gauge(metrics);
     }
 
     /// The consumer went back to `committed` (a rewind): a held partition's first record

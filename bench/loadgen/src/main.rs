@@ -56,6 +56,15 @@ enum Cmd {
         #[arg(long, default_value_t = 200)]
         size: usize,
     },
+    /// Write one start-up event to each of `partitions` partitions, stamped now: a stateful
+    /// pipeline restores a partition's state at its first record, so a restart's restores
+    /// are timed from records already waiting.
+    Touch {
+        #[arg(long)]
+        topic: String,
+        #[arg(long)]
+        partitions: i32,
+    },
     /// Write records at `rate` per second for `seconds`, open loop (the schedule never waits
     /// for the system under test).
     Generate {
@@ -246,6 +255,22 @@ fn startups(bootstrap: &str, topic: &str, count: u64, devices: u64, days: u64, s
         "{}",
         json!({"records": count, "devices": devices, "days": days, "bytes_per_record": bytes, "seconds": secs})
     );
+}
+
+fn touch(bootstrap: &str, topic: &str, partitions: i32) {
+    let p = producer(bootstrap);
+    let ts = (now_us() / 1000) as i64;
+    let value = format!(r#"{{"device_id":"dev-restart","ts":{ts},"event":"app_start"}}"#);
+    for partition in 0..partitions {
+        let rec = BaseRecord::to(topic)
+            .partition(partition)
+            .key("dev-restart")
+            .payload(&value)
+            .timestamp(ts);
+        p.send(rec).map_err(|(e, _)| e).expect("produce");
+    }
+    p.flush(Duration::from_secs(60)).expect("flush");
+    println!("{}", json!({"records": partitions}));
 }
 
 fn generate(bootstrap: &str, topic: &str, rate: u64, seconds: u64, size: usize) {
@@ -520,6 +545,7 @@ fn main() {
             timeout_seconds,
         } => drain(b, &topic, &group, pid, timeout_seconds),
         Cmd::Serve { port, delay_ms } => serve(port, delay_ms),
+        Cmd::Touch { topic, partitions } => touch(b, &topic, partitions),
     }
 }
 
