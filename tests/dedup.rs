@@ -97,9 +97,11 @@ fn the_first_startup_per_device_per_day_goes_on_exactly_once_across_kill_9() {
     let group = unique("dedup-g");
     let events = startups(90, 3, 6, 3);
     let total = events.len() as i64;
-    produce(&topics.input, &events);
+    let (early, late) = events.split_at(events.len() * 2 / 3);
+    produce(&topics.input, early);
 
-    // Killed once part of the input is committed, the state in memory lost with it.
+    // Killed once part of the input is committed, the state in memory lost with it (the
+    // rest of the input comes after, so the restart has its state to read back).
     let mut ex = Exactly::start(&args(&topics, &group, "dedup-0"));
     committed_past(&mut ex, &group, &topics, total / 3);
     ex.kill9();
@@ -107,6 +109,7 @@ fn the_first_startup_per_device_per_day_goes_on_exactly_once_across_kill_9() {
         committed_total(&group, &topics.input) < total,
         "killed too late to matter"
     );
+    produce(&topics.input, late);
 
     let mut again = Exactly::start(&args(&topics, &group, "dedup-0"));
     wait_all_committed(&group, &topics.input, Duration::from_secs(180));
@@ -184,10 +187,15 @@ fn partitions_moving_between_two_instances_keep_each_device_once_per_day() {
     let mut first = Exactly::start(&with_aborts("dedup-a"));
     committed_past(&mut first, &group, &topics, total / 4);
     let mut second = Exactly::start(&with_aborts("dedup-b"));
+    second.wait_log("its share", Duration::from_secs(60), |ex| {
+        ex.log_text()
+            .contains(&format!("\"partitions\":\"{}[", topics.input))
+    });
+    // Its share's state is read back at the share's first record.
+    produce(&topics.input, late);
     second.wait_log("its share restored", Duration::from_secs(60), |ex| {
         ex.log_text().contains("dedup state restored")
     });
-    produce(&topics.input, late);
     std::thread::sleep(Duration::from_millis(300));
     first.kill9();
     wait_all_committed(&group, &topics.input, Duration::from_secs(180));
@@ -209,31 +217,39 @@ fn partitions_moving_between_two_instances_keep_each_device_once_per_day() {
     assert_eq!(unique_got, want, "exactly the first of each (day, device)");
 }
 
-/// A changelog topic that cannot hold the state stops start-up, naming the flag and why.
+/// A changelog topic that cannot hold the state stops start-up, naming the flag and why: more
+/// partitions than the input (another input's, or the input recreated smaller), or a policy
+/// that never compacts. One with fewer grows (the input grew), but not before its policy is
+/// checked: a topic refused is not altered.
 #[test]
 fn a_changelog_with_other_partitions_or_policy_stops_start_up_naming_it() {
     let topics = Topics::create("dedup-bad-cl", 3, 1);
     let group = unique("dedup-bad-cl-g");
-    let wrong_count = unique("dedup-cl-2");
-    create_topics(&[(&wrong_count, 2)]);
+    let wrong_count = unique("dedup-cl-4");
+    create_topics(&[(&wrong_count, 4)]);
     let mut a = args(&topics, &group, "dedup-bad");
     a.extend(["--state-changelog", &wrong_count].map(String::from));
     let mut ex = Exactly::start(&a);
     assert!(!ex.wait(Duration::from_secs(60)).success());
     let log = ex.log_text();
     assert!(
-        log.contains("--state-changelog") && log.contains("has 2 partitions"),
+        log.contains("--state-changelog") && log.contains("has 4 partitions"),
         "{log}"
     );
-    // A plain topic (cleanup.policy=delete) of the right size: never compacted.
+    // A plain topic (cleanup.policy=delete), smaller than the input: never compacted.
     let plain = unique("dedup-cl-plain");
-    create_topics(&[(&plain, 3)]);
+    create_topics(&[(&plain, 2)]);
     let mut a = args(&topics, &group, "dedup-bad");
     a.extend(["--state-changelog", &plain].map(String::from));
     let mut ex = Exactly::start(&a);
     assert!(!ex.wait(Duration::from_secs(60)).success());
     let log = ex.log_text();
     assert!(log.contains("needs compact"), "{log}");
+    assert!(
+        !log.contains("changelog grown"),
+        "altered, then refused: {log}"
+    );
+    assert_eq!(end_offsets(&plain).len(), 2, "its partitions as they were");
 }
 
 /// Input partitions added while exactly runs: the changelog grows with the input (partition n
@@ -369,6 +385,8 @@ fn a_restart_with_its_local_store_reads_only_the_changelog_after_the_store() {
     committed_past(&mut ex, &group, &topics, (first.len() + 20) as i64);
     ex.kill9();
 
+    // A partition's state is read back at its first record: some wait in both.
+    produce(&topics.input, &rest[20..30]);
     let mut again = Exactly::start(&a);
     again.wait_log("restored", Duration::from_secs(60), |ex| {
         ex.log_text().matches("dedup state restored").count() >= 2
@@ -389,14 +407,17 @@ fn a_restart_with_its_local_store_reads_only_the_changelog_after_the_store() {
         from_changelog < 40,
         "only what came after the store's mark: {from_changelog} records"
     );
-    produce(&topics.input, &rest[20..]);
+    let last = rest.len() - 10;
+    produce(&topics.input, &rest[30..last]);
     wait_all_committed(&group, &topics.input, Duration::from_secs(120));
     again.stop_cleanly();
     // After a clean stop the store holds everything; its marks are at most 10 s behind.
+    produce(&topics.input, &rest[last..]);
     let mut third = Exactly::start(&a);
     third.wait_log("restored", Duration::from_secs(60), |ex| {
         ex.log_text().matches("dedup state restored").count() >= 2
     });
+    wait_all_committed(&group, &topics.input, Duration::from_secs(120));
     let again_read: u64 = (third.log_lines().iter())
         .filter(|l| l.contains("dedup state restored"))
         .map(|l| {

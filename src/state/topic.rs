@@ -69,6 +69,8 @@ pub async fn ensure(
             wanted.changelog, wanted.input
         ));
     }
+    // A topic refused for its configuration is not altered first.
+    check(admin, wanted, &opts).await?;
     if have < input_partitions
         && let Err(e) = grow(admin, wanted.changelog, input_partitions, timeout).await
     {
@@ -79,7 +81,7 @@ pub async fn ensure(
              partitions {have} and up are held until it does"
         );
     }
-    check(admin, wanted, &opts).await
+    Ok(())
 }
 
 /// The partitions and replicas of topic `name`, if it exists. All topics are asked for:
