@@ -98,8 +98,9 @@ pub struct Metrics {
     /// How old restored state may be before the changelog's retention may have deleted keys
     /// of windows still open: `--window-max-ahead` and a day.
     pub state_changelog_margin: Gauge,
-    /// Restores that read back state older than half of `state_changelog_margin`.
-    pub state_restores_aged: IntCounter,
+    /// When (Unix seconds) a restore last read back state older than half of
+    /// `state_changelog_margin`; 0: none since start.
+    pub state_aged_restore_time: Gauge,
     /// Changelog records read back by restores.
     pub state_restored_records: IntCounter,
     /// Restores that did not reach the changelog's end.
@@ -397,9 +398,10 @@ impl Metrics {
                 "How old restored state may be before the changelog's retention may have \
                  deleted keys of windows still open (--window-max-ahead and a day).",
             ),
-            state_restores_aged: plain_counter(
-                "state_restores_aged_total",
-                "Restores that read back state older than half of state_changelog_margin_seconds.",
+            state_aged_restore_time: float_gauge(
+                "state_aged_restore_timestamp_seconds",
+                "When (Unix time) a restore last read back state older than half of \
+                 state_changelog_margin_seconds; 0: none since start.",
             ),
             state_restored_records: plain_counter(
                 "state_restored_records_total",

@@ -108,11 +108,12 @@ impl Held {
         }
     }
 
-    /// The consumer went back to `committed` (a rewind): a held partition's first record
-    /// not taken is never past where it went back to.
-    pub fn rewound(&mut self, committed: &[(Tp, Option<i64>)]) {
-        for (tp, at) in committed {
-            if let (Some(h), Some(at)) = (self.partitions.get_mut(tp), at) {
+    /// The consumer went back (a rewind) to `to`, the seek of each partition read: a held
+    /// partition's first record not taken is never past where it went back to (the records
+    /// before it were aborted with the unit: they come again).
+    pub fn rewound(&mut self, to: &[(Tp, i64)]) {
+        for (tp, at) in to {
+            if let Some(h) = self.partitions.get_mut(tp) {
                 h.offset = h.offset.min(*at);
             }
         }

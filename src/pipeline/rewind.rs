@@ -24,6 +24,16 @@ use crate::health::Health;
 use crate::kafka::{Tp, describe};
 use crate::sink::{Committed, Driver, Group, SeekFailed, Unreadable};
 
+/// What a rewind did.
+#[derive(Debug, Default)]
+pub struct Rewound {
+    /// What the sink answered is committed (the partitions read, and those of a commit whose
+    /// outcome is unknown).
+    pub committed: Committed,
+    /// Where each partition read went back to: its committed offset, or what stood in for it.
+    pub to: Vec<(Tp, i64)>,
+}
+
 /// The first offset read of each partition since it was assigned.
 #[derive(Debug, Default)]
 pub struct Rewind {
@@ -100,8 +110,8 @@ impl Rewind {
     /// retried for up to `timeout`, then the consumer is replaced (a new one starts from the
     /// committed offsets); a shutdown stops it at once (nothing is open, the loop ends next).
     /// What is committed for the partitions read, and for those of a commit whose outcome
-    /// the driver does not know yet that are still assigned, once the consumer is back there
-    /// (`None`: shutdown came first).
+    /// the driver does not know yet that are still assigned, and where each went back to,
+    /// once the consumer is back there (`None`: shutdown came first).
     pub fn perform(
         &self,
         group: &dyn Group,
@@ -109,7 +119,7 @@ impl Rewind {
         timeout: Duration,
         health: &Health,
         shutdown: &CancellationToken,
-    ) -> Result<Option<Committed>, Interrupt> {
+    ) -> Result<Option<Rewound>, Interrupt> {
         let assignment = group.assignment().map_err(|e| Error::Unrecoverable {
             context: "reading the assignment".into(),
             source: e,
@@ -120,7 +130,7 @@ impl Rewind {
             .filter(|tp| self.first_read(tp).is_some() || unresolved.contains(tp))
             .partition(|tp| self.first_read(tp).is_some());
         if read.is_empty() && also.is_empty() {
-            return Ok(Some(Vec::new()));
+            return Ok(Some(Rewound::default()));
         }
         let asked: Vec<Tp> = read.iter().chain(&also).cloned().collect();
         let Some(answer) = committed(group, driver, &asked, timeout, health, shutdown)? else {
@@ -139,7 +149,10 @@ impl Rewind {
             })
             .collect();
         if targets.is_empty() {
-            return Ok(Some(answer));
+            return Ok(Some(Rewound {
+                committed: answer,
+                to: targets,
+            }));
         }
         match group.seek(&targets, timeout) {
             Ok(()) => {}
@@ -157,9 +170,12 @@ impl Rewind {
                 return Err(Interrupt::ReplaceConsumer(format!("seek failed: {err}")));
             }
         }
-        let moved: Vec<Tp> = targets.into_iter().map(|(tp, _)| tp).collect();
+        let moved: Vec<Tp> = targets.iter().map(|(tp, _)| tp.clone()).collect();
         info!(partitions = %describe(&moved), "rewound to the committed offsets");
-        Ok(Some(answer))
+        Ok(Some(Rewound {
+            committed: answer,
+            to: targets,
+        }))
     }
 }
 

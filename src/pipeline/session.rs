@@ -145,12 +145,18 @@ impl Session {
         if record.is_none() {
             self.writer.driver.idle(group, false);
         }
+        // Whether the record is held is asked before any release: one read in the turn that
+        // releases its partition comes again from the first record not taken.
+        let waits = match (&self.intake, record) {
+            (Intake::Direct(_, held), Some(r)) => held.holds(r.topic, r.partition),
+            _ => false,
+        };
         if let Some(held) = self.intake.held() {
             held.release(group, &self.metrics);
         }
         match (&mut self.intake, record) {
             // A record of a held partition (one read before its pause took): it comes again.
-            (Intake::Direct(_, held), Some(r)) if held.holds(r.topic, r.partition) => {}
+            (Intake::Direct(..), Some(_)) if waits => {}
             (Intake::Direct(t, held), Some(r)) => {
                 let mut holding = None;
                 let fate = self.writer.write(r, || {
@@ -375,14 +381,14 @@ impl Session {
         let done = self
             .rewind
             .perform(group, driver, timeout, &self.health, &self.shutdown)?;
-        let Some(committed) = done else {
+        let Some(rewound) = done else {
             // Shutdown began: nothing is open, the loop ends next.
             return Ok(());
         };
-        self.writer.driver.resolve(&committed);
+        self.writer.driver.resolve(&rewound.committed);
         self.writer.driver.rewound();
         if let Some(held) = self.intake.held() {
-            held.rewound(&committed);
+            held.rewound(&rewound.to);
         }
         Backoff::ABORTS.wait(self.writer.driver.failures_in_a_row());
         Ok(())

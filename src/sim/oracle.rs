@@ -43,7 +43,8 @@ pub enum Mode {
 pub enum Fate {
     /// These outputs go out (each as [`canonical`] has it), perhaps none.
     Out(Vec<String>),
-    /// Its dead-letter copy goes, for this reason: the input's value (as [`canonical`] has it).
+    /// Its dead-letter copy goes, for this reason: the input's value, as it is (in every mode:
+    /// an aggregate's [`canonical`] form would not tell one input from another).
     Dlq(&'static str, String),
 }
 
@@ -51,7 +52,7 @@ pub enum Fate {
 type State = BTreeSet<String>;
 
 /// A record committed for an input: its topic, its reason header, its output as
-/// [`canonical`] has it.
+/// [`canonical`] has it (a dead-letter copy: its value as it is).
 type Written = (&'static str, Option<String>, String);
 
 /// The fate of every input record, and each partition's state after each prefix.
@@ -91,7 +92,7 @@ impl Running {
         let t = r.timestamp.unwrap_or_default();
         let start = t.div_euclid(WINDOW_MS) * WINDOW_MS;
         let key = r.key.clone().unwrap_or_default();
-        let copy = || canonical(mode, r.value.as_deref().unwrap_or_default());
+        let copy = || String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into();
         if self.stream.is_some_and(|s| start + WINDOW_MS <= s) {
             return Fate::Dlq("late", copy());
         }
@@ -196,7 +197,11 @@ impl Reference {
                 let Some((_, p, o, i)) = crate::headers::parse_lineage(lineage.as_bytes()) else {
                     return Err(format!("{topic}: a record without a lineage"));
                 };
-                let w = (topic, e.reason.clone(), e.canonical.clone());
+                let shown = match topic {
+                    DLQ => String::from_utf8_lossy(e.value.as_deref().unwrap_or_default()).into(),
+                    _ => e.canonical.clone(),
+                };
+                let w = (topic, e.reason.clone(), shown);
                 seen.entry((p, o)).or_default().push((i, w));
             }
         }

@@ -340,7 +340,7 @@ impl Dedup {
         self.metrics.state_restored_age.set(age);
         let margin = self.metrics.state_changelog_margin.get();
         if age > margin / 2.0 {
-            self.metrics.state_restores_aged.inc();
+            (self.metrics.state_aged_restore_time).set(crate::clock::wall_ms() as f64 / 1000.0);
         }
         if age > margin {
             warn!(
@@ -851,7 +851,12 @@ impl Transform for Dedup {
         if self.unrestored.contains(&tp) {
             self.restore(&tp).map_err(|e| match e {
                 Unrestored::Later(why) => Failure::Unavailable(why),
-                Unrestored::Homeless(why) => Failure::Held(why),
+                Unrestored::Homeless(why) => {
+                    // Held, not restoring: exactly_state_partitions_held counts it.
+                    self.waiting.remove(&tp);
+                    self.restoring_gauge();
+                    Failure::Held(why)
+                }
             })?;
         }
         let key = self.key_of(input)?;
@@ -1425,8 +1430,8 @@ mod tests {
         let (mut young, metrics) = dedup_of(&log, &config(Late::Dlq), Default::default(), None);
         assert_eq!(offer(&mut young, "a", 2 * HOUR).unwrap(), 0, "restored");
         assert_eq!(
-            metrics.state_restores_aged.get(),
-            0,
+            metrics.state_aged_restore_time.get(),
+            0.0,
             "under half the margin"
         );
         *log.2.lock().unwrap() = Some(crate::clock::wall_ms() - 3 * 24 * HOUR);
@@ -1438,7 +1443,9 @@ mod tests {
             (3.0 * 86_400.0..3.0 * 86_400.0 + 60.0).contains(&age),
             "{age}"
         );
-        assert_eq!(metrics.state_restores_aged.get(), 1);
+        let now = crate::clock::wall_ms() as f64 / 1000.0;
+        let when = metrics.state_aged_restore_time.get();
+        assert!((now - 60.0..=now).contains(&when), "{when} at {now}");
     }
 
     /// An input partition whose changelog partition does not exist (the input grew) is held,
@@ -1456,6 +1463,7 @@ mod tests {
             Err(Failure::Held(why)) => assert!(why.contains("TOPIC_AUTHORIZATION_FAILED"), "{why}"),
             other => panic!("{other:?}"),
         }
+        assert_eq!(d.metrics.state_restoring.get(), 0, "held, not restoring");
         assert_eq!(offer(&mut d, "a", HOUR).unwrap(), 1, "partition 0 goes on");
         log.1.lock().unwrap().1 = true;
         assert!(
