@@ -177,13 +177,7 @@ impl Verdicts {
     /// (KIP-467: `INVALID_RECORD` when a batch had several) and all are of one input (a
     /// fan-out's outputs). Others make suspects, sent alone on the replay.
     pub fn learn(&mut self, rejected: &[(Source<'_>, Rejection)], alone: bool) -> bool {
-        let one_input = rejected.windows(2).all(|w| {
-            let (a, b) = (w[0].0, w[1].0);
-            (a.topic, a.partition, a.offset) == (b.topic, b.partition, b.offset)
-        });
-        let named = rejected.iter().all(|(_, r)| r.named);
-        let judged_alone = rejected.iter().all(|(_, r)| r.alone);
-        let certain = alone || judged_alone || rejected.len() == 1 || (one_input && named);
+        let certain = certain(rejected, alone);
         let mut changed = false;
         for &(s, r) in rejected {
             let known = self.get_with(s.topic, s.partition, s.offset);
@@ -254,12 +248,26 @@ pub struct Rejections {
     verdicts: Verdicts,
 }
 
-/// Says what `by` refused: each record it named (the broker's `INVALID_RECORD`, every row a
-/// database refused, judged alone), or a batch it refused whole (the broker rejects a
+/// Whether the refusal of `rejected` is certainly each one's own: sent `alone`, each judged
+/// alone, a single record, or records of one input all named.
+fn certain(rejected: &[(Source<'_>, Rejection)], alone: bool) -> bool {
+    let one_input = rejected.windows(2).all(|w| {
+        let (a, b) = (w[0].0, w[1].0);
+        (a.topic, a.partition, a.offset) == (b.topic, b.partition, b.offset)
+    });
+    let named = rejected.iter().all(|(_, r)| r.named);
+    let judged_alone = rejected.iter().all(|(_, r)| r.alone);
+    alone || judged_alone || rejected.len() == 1 || (one_input && named)
+}
+
+/// Says what `by` refused: each record it named or that is certainly at fault (the broker's
+/// `INVALID_RECORD`, every row a database refused, judged alone, a batch of one: the same
+/// rule as the verdicts, [`certain`]), or a batch it refused whole (the broker rejects a
 /// partition's batch: one culprit can fail a hundred records).
-fn said(rejected: &[(Source<'_>, Rejection)], by: Refuser) {
+fn said(rejected: &[(Source<'_>, Rejection)], by: Refuser, alone: bool) {
+    let all = certain(rejected, alone);
     let (named, together): (Vec<_>, Vec<_>) =
-        (rejected.iter()).partition(|(_, r)| r.named || r.alone);
+        (rejected.iter()).partition(|(_, r)| all || r.named || r.alone);
     for (s, r) in &named {
         let (topic, partition, offset, copy, error) =
             (s.topic, s.partition, s.offset, s.copy, r.error);
@@ -340,7 +348,7 @@ impl Rejections {
             .iter()
             .filter_map(|r| self.sent.get(r.index).map(|s| (s, *r)))
             .collect();
-        said(&rejected, by);
+        said(&rejected, by, alone);
         let learned = self.verdicts.learn(&rejected, alone);
         self.sent.clear();
         learned
