@@ -6,10 +6,12 @@
 //!
 //! # Layout
 //!
-//! Imports run one way, from the leaves up (`scripts/modgraph.py` checks it in CI):
-//! `error`, `kafka`, `metrics`, `health`, `backoff`, `clock` → `state`, `config` → `transform` →
-//! `headers`, `records`, `events`, `offsets` → `sink`, `lag`, `audit` → `pipeline` → here
-//! (and, testing only, `sim` above them all).
+//! Imports run one way, from the leaves up; a module imports only from its own layer and those
+//! below (`scripts/modgraph.py` checks it in CI, and that every module is in a layer; and
+//! `scripts/sizes.py` that no file passes 800 lines nor function 80, tests apart):
+//! `error`, `kafka`, `metrics`, `health`, `backoff`, `clock`, `db`, `http`, `lag` →
+//! `state`, `config`, `telemetry` → `transform`, `offsets`, `state_command` →
+//! `headers`, `records`, `events` → `sink`, `audit` → `pipeline` → `sim` (testing only) → here.
 //!
 //! - [`config`]: the command line and `EXACTLY_…` environment, one file per subcommand,
 //!   validated before anything runs; `exactly run`'s [`config::Config`] comes in the parts each
@@ -41,16 +43,18 @@
 //!   record, partitions assigned and revoked, how each unit its records went into ended; a bad
 //!   record is not an unavailable transform, nor a held partition), one file per kind: passthrough,
 //!   jq (jaq; programs of an enrichment's shape run straight over jaq's values, without its
-//!   interpreter: `transform::jq::direct`), the dedup (the first record per key per window, its keys in the transaction and
-//!   a changelog; or, with `--aggregate`, count, sum and distinct per group per window on the
-//!   same state); and [`transform::call`], the call-out's wire format, its
+//!   interpreter: `transform::jq::direct`), the stateful stage in its two modes (the dedup:
+//!   the first record per key per window; the aggregates, `--aggregate`: count, sum and
+//!   distinct per group per window), over [`state`]; and [`transform::call`], the call-out's wire format, its
 //!   [`transform::call::Application`] seam and HTTP client, and the pure function from a
 //!   record and its answer to outputs.
 //! - [`state`]: state kept exactly once: windows of event time in a time zone, the keys seen
 //!   per window and the groups' totals in two layers (the committed cache of the changelog,
-//!   the open unit's), the
-//!   changelog's record format, its topic (created or checked at start) and its restore.
-//!   The transform that uses it is [`transform::dedup`] (`--window`).
+//!   the open unit's), the changelog's record format, its topic (created or checked at start),
+//!   its restore, the local store, and [`state::keeper`], which keeps each owned partition's
+//!   state: read back at its first record, the open unit's changes, the store's checkpoints.
+//!   The transform that uses it is [`transform::dedup`] (`--window`), built with the others in
+//!   [`pipeline::Intake::build`].
 //! - [`records`]: what goes out for one input (outputs with headers, or its DLQ copy), checked
 //!   against the producer's size limit; shared by the pipeline and the audit's replay.
 //! - [`headers`]: the lineage header on every output and the reason headers on DLQ records.
@@ -128,52 +132,6 @@ use crate::metrics::Metrics;
 /// Stack of the loop thread: jq programs and JSON values recurse.
 const LOOP_STACK: usize = 64 << 20;
 
-/// The dedup in front of the transform: its programs compiled first (a bad one fails start-up
-/// before any client exists), then its changelog topic created or checked.
-async fn dedup_intake(
-    config: &Config,
-    dedup: &config::DedupConfig,
-    metrics: &Metrics,
-    shutdown: &CancellationToken,
-) -> Result<Box<dyn transform::Transform>, Error> {
-    let programs = transform::dedup::programs(dedup, &config.transform)?;
-    let store = match &dedup.state_dir {
-        None => None,
-        Some(dir) => {
-            let open = || {
-                std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-                state::store::Redb::open(&dir.join(format!("{}.redb", dedup.changelog)))
-            };
-            let store = open().map_err(|e| Error::Config(format!("--state-dir: {e}")))?;
-            Some(Box::new(store) as Box<dyn state::store::Store>)
-        }
-    };
-    let config::Input::Topics(topics) = &config.group.input else {
-        return Err(Error::Config("--window: needs --input-topics".into()));
-    };
-    let input = topics.first().map(String::as_str).unwrap_or_default();
-    let wanted = state::topic::Wanted {
-        changelog: &dedup.changelog,
-        input,
-        retention: dedup.retention,
-    };
-    let admin = state::topic::admin(&config.kafka)?;
-    state::topic::ensure(&admin, &wanted, config.sink.startup_timeout)
-        .await
-        .map_err(|e| Error::Startup(format!("--state-changelog: {e}")))?;
-    let source = state::restore::KafkaChangelog::new(
-        &config.kafka,
-        &dedup.changelog,
-        config.sink.transaction_timeout,
-        shutdown.clone(),
-    )?
-    .growing(admin, tokio::runtime::Handle::current());
-    let mut t =
-        transform::dedup::Dedup::new(dedup, programs, Box::new(source), store, metrics.clone());
-    t.testing(&config.test);
-    Ok(Box::new(t))
-}
-
 /// Runs the pipeline until `shutdown` is cancelled or an unrecoverable error occurs.
 ///
 /// The loop runs on a thread of its own, since librdkafka's calls block; the async side only
@@ -193,12 +151,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     // Compiled before any client exists: a bad program fails start-up with jaq's message.
     let runtime = tokio::runtime::Handle::current();
     let metrics = Arc::new(Metrics::new());
-    let intake = match &config.dedup {
-        None => pipeline::Intake::build(&config.transform, config.test.unavailable, Some(runtime))?,
-        Some(dedup) => {
-            pipeline::Intake::direct(dedup_intake(&config, dedup, &metrics, &shutdown).await?)
-        }
-    };
+    let intake = pipeline::Intake::build(&config, runtime, &metrics, &shutdown).await?;
     let health = Arc::new(Health::timed(metrics.blocking_call_duration.clone()));
     let stop_watching = CancellationToken::new();
     let bound = config.loop_bound();

@@ -11,9 +11,12 @@
 //! records of partitions held for the direct mode ([`Held`]), the stage's first offsets for
 //! the staged one.
 
-use crate::config::{TransformConfig, TransformSpec};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, TransformSpec};
 use crate::error::Error;
 use crate::kafka::Tp;
+use crate::metrics::Metrics;
 use crate::sink::{Settled, Unapplied};
 use crate::transform::{self, Limits, Transform, call};
 
@@ -38,22 +41,27 @@ pub enum Change {
 }
 
 impl Intake {
-    /// The configured intake. The call-out's calls run on `runtime`; `unavailable`: testing
-    /// only, the transform refuses its first records as unavailable.
-    pub fn build(
-        config: &TransformConfig,
-        unavailable: u64,
-        runtime: Option<tokio::runtime::Handle>,
+    /// The configured intake: the stateful stage (`--window`), the call-out (its calls run
+    /// on `runtime`), or the transform (`--test-unavailable`: testing only, it refuses its
+    /// first records as unavailable).
+    pub async fn build(
+        config: &Config,
+        runtime: tokio::runtime::Handle,
+        metrics: &Metrics,
+        shutdown: &CancellationToken,
     ) -> Result<Intake, Error> {
-        if let TransformSpec::Call(spec) = &config.spec {
-            let runtime = runtime.ok_or_else(|| {
-                Error::Config("--call-url: the call-out runs only inside `exactly run`".into())
-            })?;
+        let transform = &config.transform;
+        if let Some(dedup) = &config.dedup {
+            let stage = transform::dedup::build(config, dedup, metrics, shutdown).await?;
+            return Ok(Intake::direct(Box::new(stage)));
+        }
+        if let TransformSpec::Call(spec) = &transform.spec {
             let app = call::Http::new(spec, runtime)?;
-            let stage = Stage::new(spec.clone(), Box::new(app), Limits::of(config));
+            let stage = Stage::new(spec.clone(), Box::new(app), Limits::of(transform));
             return Ok(Intake::Staged(Box::new(stage)));
         }
-        let t = transform::build(config)?;
+        let t = transform::build(transform)?;
+        let unavailable = config.test.unavailable;
         Ok(Intake::direct(transform::unavailable_first(t, unavailable)))
     }
 

@@ -14,12 +14,17 @@
 //! - [`seen`]: the keys seen per window, per partition, in the two layers; the verdict for a
 //!   record (first, duplicate, late); closed windows dropped in bulk.
 //! - [`changelog`]: a change as a Kafka record and back.
+//! - [`keeper`]: each owned partition's state, where it comes from and where it goes: read back
+//!   at the partition's first record (the store, then the changelog from its mark), the open
+//!   unit's changes as changelog records, the store written once a unit commits, its marks
+//!   moved up at each checkpoint.
 //! - [`restore`]: a partition's changelog read back, to its end (the high watermark).
 //! - [`store`]: the local store (`--state-dir`, redb): the committed keys on disk with how far
 //!   into the changelog they are, so a restart reads only what came after.
 //! - [`topic`]: the changelog topic, created or checked at start.
 
 pub mod changelog;
+pub mod keeper;
 pub mod restore;
 pub mod seen;
 pub mod store;
