@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Checks that the top-level modules of src/ import each other without cycles.
+"""Checks that the top-level modules of src/ import each other without cycles, in the layers lib.rs declares.
 
-Imports run one way: config -> kafka / transform / sink -> pipeline -> lib. A cycle between
-two top-level modules means that layering is broken, so CI fails and names the files and lines
-that close the loop. A node is src/X.rs or src/X/ (lib.rs and main.rs are roots, not nodes);
+Imports run one way, in the layers lib.rs's map names: the `→` chain after "Imports run one
+way", each layer the backticked modules between two arrows. A module imports only its own
+layer's and those below; every module of src/ is in one layer. A cycle, an import upwards or
+a module in no layer fails CI, naming the files and lines. A node is src/X.rs or src/X/ (lib.rs and main.rs are roots, not nodes);
 X -> Y when any file of X names a path `crate::Y` (use, grouped use, or an inline path,
 #[cfg(test)] code included). Comments, doc comments and string literals are not scanned.
 """
@@ -127,9 +128,49 @@ def cycle_through(start, comp, succ):
                 prev[w] = v; queue.append(w)
 
 
+LAYERS = re.compile(r"Imports run one way(.*?)\n//!\s*\n", re.S)
+
+
+def layers(src):
+    """{module: layer} from lib.rs's `→` chain (leaves first, layer 0)."""
+    with open(os.path.join(src, "lib.rs"), encoding="utf-8") as f:
+        m = LAYERS.search(f.read())
+    if not m:
+        return None
+    chain = m.group(1).replace("//!", " ").split(":", 1)[-1]
+    found = {}
+    for i, part in enumerate(chain.split("→")):
+        for name in re.findall(r"`([A-Za-z_]\w*)`", part):
+            found.setdefault(name, i)
+    return found
+
+
+def upward(src, nodes, edges, out):
+    """Reports imports from a layer to one above it, and modules in no layer; True if none."""
+    declared = layers(src)
+    if declared is None:
+        print("modgraph: lib.rs declares no layers (\"Imports run one way ... → ...\")", file=out)
+        return False
+    ok = True
+    for v in nodes:
+        if v not in declared:
+            print(f"modgraph: {v} is in no layer of lib.rs's map", file=out)
+            ok = False
+    for (x, y), where in sorted(edges.items()):
+        if x in declared and y in declared and declared[y] > declared[x]:
+            (f, line, text), *more = where
+            extra = f"  (+{len(more)} more)" if more else ""
+            print(f"modgraph: upwards: {x} (layer {declared[x]}) -> {y} (layer {declared[y]}): "
+                  f"{f}:{line}: {text}{extra}", file=out)
+            ok = False
+    return ok
+
+
 def check(src, out=sys.stdout):
     nodes, edges = scan(src)
     succ = {v: sorted(y for x, y in edges if x == v) for v in nodes}
+    if not upward(src, nodes, edges, out):
+        return False
     loops = [c for c in sccs(nodes, succ) if len(c) > 1]
     for comp in sorted(loops):
         cyc = cycle_through(comp[0], set(comp), succ)
@@ -151,10 +192,11 @@ def check(src, out=sys.stdout):
     return True
 
 
-CYCLIC = {"lib.rs": "pub mod a;\npub mod b;\n", "a.rs": "use crate::{b::X};\npub struct Y;\n",
+LAYERED = "//! Imports run one way: `b` → `c` → `a`\n//!\n"
+CYCLIC = {"lib.rs": "//! Imports run one way: `a`, `b`\n//!\npub mod a;\npub mod b;\n", "a.rs": "use crate::{b::X};\npub struct Y;\n",
           "b.rs": "pub struct X;\nfn f() -> crate::a::Y { todo!() }\n"}
 ACYCLIC = {  # b.rs: comments and strings make no b -> a; c/mod.rs: chars hide no c -> b
-    "lib.rs": "pub mod a;\npub mod b;\npub mod c;\nuse crate::a::f;\n", "main.rs": "use exactly::a;\n",
+    "lib.rs": LAYERED + "pub mod a;\npub mod b;\npub mod c;\nuse crate::a::f;\n", "main.rs": "use exactly::a;\n",
     "a.rs": "use crate::{b::{X, Y}, c, self};\nuse crate :: c::inner::Z;\n",
     "b.rs": "//! [`crate::a`]\n// crate::a\n/* crate::a /* */ crate::a */\n/// [`crate::a::f`]\n"
             "const S: &str = \"crate::a \\\" crate::a\";\nconst R: &str = r#\"x \" crate::a\"#;\n"
@@ -163,10 +205,15 @@ ACYCLIC = {  # b.rs: comments and strings make no b -> a; c/mod.rs: chars hide n
     "c/inner.rs": "use super::super::b;\nuse crate::c::Other;\npub struct Z;\n"}
 
 
+UPWARD = dict(ACYCLIC, **{"lib.rs": "//! Imports run one way: `b`, `a` → `c`\n//!\n"})
+UNLAYERED = dict(ACYCLIC, **{"lib.rs": "//! Imports run one way: `b` → `c`\n//!\n"})
+
+
 def self_test():
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, files in (("cyclic", CYCLIC), ("acyclic", ACYCLIC)):
+        for name, files in (("cyclic", CYCLIC), ("acyclic", ACYCLIC), ("upward", UPWARD),
+                            ("unlayered", UNLAYERED)):
             for rel, text in files.items():
                 path = os.path.join(tmp, name, "src", rel)
                 os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -175,10 +222,12 @@ def self_test():
             buf = io.StringIO()
             results.append((check(os.path.join(tmp, name, "src"), buf), buf.getvalue()))
             print(f"--- {name}\n{buf.getvalue()}", end="")
-    (ok1, out1), (ok2, out2) = results
+    (ok1, out1), (ok2, out2), (ok3, out3), (ok4, out4) = results
     assert not ok1 and out1.startswith("modgraph: cycle: a -> b -> a\n"), out1
     assert "src/a.rs:1: use crate::{b::X};" in out1 and "src/b.rs:2: fn f()" in out1, out1
     assert ok2 and out2 == "b: -\nc: b\na: b, c\nmodgraph: 3 modules, acyclic\n", out2
+    assert not ok3 and "modgraph: upwards: a (layer 0) -> c (layer 1): src/a.rs:1:" in out3, out3
+    assert not ok4 and "modgraph: a is in no layer of lib.rs's map" in out4, out4
     print("modgraph: self-test passed")
 
 

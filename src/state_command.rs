@@ -211,6 +211,17 @@ fn import(a: &ImportArgs) -> Result<String, Error> {
     if a.dry_run {
         return Ok(format!("{summary}\n"));
     }
+    write(a, &kafka, &plan, timeout)?;
+    Ok(format!("{summary}\n"))
+}
+
+/// Writes `plan` to the changelog, created as `exactly run` would create it, or checked.
+fn write(
+    a: &ImportArgs,
+    kafka: &Settings,
+    plan: &[(i32, Change)],
+    timeout: Duration,
+) -> Result<(), Error> {
     // The changelog as `exactly run` would create it with day windows and its default
     // --window-max-ahead (a day, a day ahead, a day's margin), or checked.
     let wanted = crate::state::topic::Wanted {
@@ -222,13 +233,13 @@ fn import(a: &ImportArgs) -> Result<String, Error> {
         .enable_all()
         .build()
         .map_err(|e| Error::Startup(e.to_string()))?;
-    let admin = crate::state::topic::admin(&kafka)?;
+    let admin = crate::state::topic::admin(kafka)?;
     runtime
         .block_on(crate::state::topic::ensure(&admin, &wanted, timeout))
         .map_err(|e| Error::Startup(format!("--state-changelog: {e}")))?;
     let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> =
         kafka.client(Role::Idempotent).create()?;
-    for (p, change) in &plan {
+    for (p, change) in plan {
         let (key, value) = encode(change);
         let mut record = BaseRecord::to(&a.changelog.state_changelog)
             .partition(*p)
@@ -251,7 +262,7 @@ fn import(a: &ImportArgs) -> Result<String, Error> {
     producer
         .flush(timeout)
         .map_err(|e| Error::Startup(format!("delivering the keys: {e}")))?;
-    Ok(format!("{summary}\n"))
+    Ok(())
 }
 
 #[cfg(test)]

@@ -203,32 +203,7 @@ impl DbArgs {
             (None, Layout::Exactly) => "exactly_offsets".into(),
             (None, Layout::KafkaOffset) => "kafka_offset".into(),
         };
-        let name = |flag: &str, t: &str| {
-            crate::db::name_parts(t)
-                .map(|_| ())
-                .map_err(|e| Error::Config(format!("{flag}: {e}")))
-        };
-        for t in &tables {
-            name("--db-table", t)?;
-        }
-        name("--db-offsets-table", &offsets_table)?;
-        let dlq_table = (self.db_dlq_table.clone()).unwrap_or_else(|| format!("{table}_dlq"));
-        name("--db-dlq-table", &dlq_table)?;
-        for (flag, other) in [
-            ("--db-offsets-table", &offsets_table),
-            ("--db-dlq-table", &dlq_table),
-        ] {
-            if tables.contains(other) {
-                return Err(Error::Config(format!(
-                    "{flag}: '{other}' is also the --db-table"
-                )));
-            }
-        }
-        if offsets_table == dlq_table {
-            return Err(Error::Config(format!(
-                "--db-dlq-table: '{dlq_table}' is also the --db-offsets-table"
-            )));
-        }
+        let dlq_table = self.dlq_table(&table, &tables, &offsets_table)?;
         if let Some(c) = &self.db_lineage_column
             && !crate::db::name_parts(c).is_ok_and(|_| !c.contains('.'))
         {
@@ -259,6 +234,44 @@ impl DbArgs {
             owner: owner.to_string(),
             dlq_topic: dlq_topic.to_string(),
         }))
+    }
+
+    /// The dead-letter table (`--db-dlq-table`, or the first table's name with `_dlq`), every
+    /// table's name checked, none of the three the same.
+    fn dlq_table(
+        &self,
+        table: &str,
+        tables: &[String],
+        offsets_table: &str,
+    ) -> Result<String, Error> {
+        let offsets_table = offsets_table.to_string();
+        let name = |flag: &str, t: &str| {
+            crate::db::name_parts(t)
+                .map(|_| ())
+                .map_err(|e| Error::Config(format!("{flag}: {e}")))
+        };
+        for t in tables {
+            name("--db-table", t)?;
+        }
+        name("--db-offsets-table", &offsets_table)?;
+        let dlq_table = (self.db_dlq_table.clone()).unwrap_or_else(|| format!("{table}_dlq"));
+        name("--db-dlq-table", &dlq_table)?;
+        for (flag, other) in [
+            ("--db-offsets-table", &offsets_table),
+            ("--db-dlq-table", &dlq_table),
+        ] {
+            if tables.contains(other) {
+                return Err(Error::Config(format!(
+                    "{flag}: '{other}' is also the --db-table"
+                )));
+            }
+        }
+        if offsets_table == dlq_table {
+            return Err(Error::Config(format!(
+                "--db-dlq-table: '{dlq_table}' is also the --db-offsets-table"
+            )));
+        }
+        Ok(dlq_table)
     }
 }
 

@@ -12,6 +12,7 @@
 pub mod audit;
 pub mod db;
 pub mod dedup;
+mod fit;
 pub mod offsets;
 pub mod run;
 pub mod state;

@@ -5,10 +5,13 @@ use std::time::Duration;
 use clap::Args;
 
 use super::db::{DbArgs, DbConfig};
+use super::fit::{
+    check_call, check_changelog, check_dedup, check_group_protocol, stuck_call_timeout,
+};
 use super::{
     CONSUMER_OWNED, CallArgs, ClientArgs, DedupArgs, DedupConfig, DedupStateArgs, KeyValue,
-    LogFormat, OnError, PRODUCER_OWNED, TransformArgs, TransformConfig, TransformSpec,
-    check_passthrough, check_topic_name, parse_duration, parse_log_filter,
+    LogFormat, OnError, PRODUCER_OWNED, TransformArgs, TransformConfig, check_passthrough,
+    check_topic_name, parse_duration, parse_log_filter,
 };
 use crate::error::Error;
 use crate::kafka::{GroupProtocol, Settings};
@@ -68,7 +71,7 @@ pub struct RunArgs {
     /// after a crash gets its partitions back at once, without a rebalance), dynamic (it waits
     /// for its old member's session timeout), or auto: static with the classic protocol,
     /// dynamic with the consumer protocol, where librdkafka's static member gains nothing after
-    /// a crash. README, "Failover".
+    /// a crash. docs/operating.md, "Failover".
     #[arg(long, env = "EXACTLY_MEMBERSHIP", value_enum, default_value_t = Membership::Auto)]
     pub membership: Membership,
 
@@ -83,7 +86,7 @@ pub struct RunArgs {
 
     /// The consumer group protocol: classic, or consumer (KIP-848: the group coordinator
     /// assigns partitions and owns the session timeout and heartbeat interval; Kafka 4.0 and
-    /// later). README, "The consumer group protocol".
+    /// later). docs/operating.md, "The consumer group protocol".
     #[arg(long, env = "EXACTLY_GROUP_PROTOCOL", value_enum, default_value_t = GroupProtocol::Classic)]
     pub group_protocol: GroupProtocol,
 
@@ -170,8 +173,8 @@ pub struct RunArgs {
 
     /// How long the loop may wait inside one librdkafka transactional call before exactly
     /// leaves (exit code 4) so that its restart fences the stuck producer; at least the
-    /// transaction timeout + 5s. librdkafka has calls that do not keep their timeout (README,
-    /// "Watchdog") [default: the transaction timeout + 30s]
+    /// transaction timeout + 5s. librdkafka has calls that do not keep their timeout
+    /// (docs/how-it-works.md, "Watchdog") [default: the transaction timeout + 30s]
     #[arg(long, env = "EXACTLY_STUCK_CALL_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
     pub stuck_call_timeout: Option<Duration>,
 
@@ -430,62 +433,6 @@ impl Config {
     }
 }
 
-/// `--stuck-call-timeout`, or its default: the transaction timeout + 30 s. Every transactional
-/// call is given the transaction timeout, so a bound closer to it than 5 s would end calls that
-/// are only slow.
-fn stuck_call_timeout(
-    chosen: Option<Duration>,
-    transaction_timeout: Duration,
-) -> Result<Duration, Error> {
-    let least = transaction_timeout + Duration::from_secs(5);
-    match chosen {
-        None => Ok(transaction_timeout + Duration::from_secs(30)),
-        Some(t) if t < least => Err(Error::Config(format!(
-            "--stuck-call-timeout: {} is shorter than --transaction-timeout ({}) + 5s; \
-             librdkafka's calls are given the transaction timeout",
-            humantime::format_duration(t),
-            humantime::format_duration(transaction_timeout)
-        ))),
-        Some(t) => Ok(t),
-    }
-}
-
-/// What dedup needs of the rest: transactions (the changelog commits with the outputs), one
-/// input topic (its partitions are the changelog's), a transform it runs in front of.
-fn check_dedup(
-    group: &GroupConfig,
-    sink: &SinkConfig,
-    transform: &TransformConfig,
-) -> Result<(), Error> {
-    if sink.db.is_some() {
-        return Err(Error::Config(
-            "--window: not with --db-url yet (the keys seen commit in a Kafka transaction)".into(),
-        ));
-    }
-    if sink.guarantee != Guarantee::ExactlyOnce {
-        return Err(Error::Config(
-            "--window: needs --guarantee exactly-once (the keys seen commit with the \
-             outputs)"
-                .into(),
-        ));
-    }
-    if !matches!(&group.input, Input::Topics(ts) if ts.len() == 1) {
-        return Err(Error::Config(
-            "--window: needs exactly one --input-topics topic (the changelog has one \
-             partition per input partition)"
-                .into(),
-        ));
-    }
-    if matches!(transform.spec, TransformSpec::Call(_)) {
-        return Err(Error::Config(
-            "--window: not with --call-url yet (dedup runs in front of --jq or the \
-             passthrough)"
-                .into(),
-        ));
-    }
-    Ok(())
-}
-
 impl RunArgs {
     /// Checks how the values fit together and fills in derived defaults.
     pub fn validate(self) -> Result<Config, Error> {
@@ -505,38 +452,10 @@ impl RunArgs {
         let mut dedup = self.dedup.resolve(self.dedup_state, &group.group_id)?;
         if let Some(d) = &mut dedup {
             check_dedup(&group, &sink, &transform)?;
-            let taken = [
-                ("--output-topic", sink.output_topic.as_str()),
-                ("--dlq-topic", errors.dlq_topic.as_str()),
-            ];
-            let input = match &group.input {
-                Input::Topics(ts) => ts.first().map(String::as_str),
-                Input::Pattern(_) => None,
-            };
-            let clash = (taken.iter().copied())
-                .chain(input.map(|i| ("--input-topics", i)))
-                .find(|(_, t)| *t == d.changelog);
-            if let Some((flag, topic)) = clash {
-                return Err(Error::Config(format!(
-                    "--state-changelog: '{topic}' is also the {flag} topic"
-                )));
-            }
+            check_changelog(d, &group, &sink, &errors)?;
             d.fit(&transform);
         }
-        if let TransformSpec::Call(call) = &transform.spec {
-            if call.timeout >= sink.transaction_timeout {
-                return Err(Error::Config(format!(
-                    "--call-timeout: {} must be shorter than --transaction-timeout {}",
-                    humantime::format_duration(call.timeout),
-                    humantime::format_duration(sink.transaction_timeout)
-                )));
-            }
-            if test.unavailable > 0 {
-                return Err(Error::Config(
-                    "--test-unavailable: not with --call-url (stop the application instead)".into(),
-                ));
-            }
-        }
+        check_call(&transform, &sink, &test)?;
         if self.shutdown_grace.is_zero() {
             return Err(Error::Config(
                 "--shutdown-grace: must be greater than 0".into(),
@@ -550,22 +469,7 @@ impl RunArgs {
             ));
         }
         let common = self.client.resolve()?;
-        for (key, lives) in group.protocol.brokers_settings() {
-            let set = |kv: &[(String, String)]| kv.iter().any(|(k, _)| k == key);
-            let flag = if set(&self.consumer_config) {
-                "--consumer-config"
-            } else if set(&common.flags) {
-                "--kafka-config"
-            } else if common.file.as_ref().is_some_and(|(_, kv)| set(kv)) {
-                "--kafka-config-file"
-            } else {
-                continue;
-            };
-            return Err(Error::Config(format!(
-                "{flag}: {key} is not the client's to set with --group-protocol consumer; \
-                 it is {lives}"
-            )));
-        }
+        check_group_protocol(&group, &common, &self.consumer_config)?;
         let kafka = Settings {
             bootstrap_servers: self.bootstrap_servers,
             client_id: format!("exactly-{}", group.instance_id),

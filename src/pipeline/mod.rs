@@ -73,15 +73,16 @@ impl From<Error> for Interrupt {
 /// Longest single poll: bounds how late a commit or a shutdown is noticed.
 const MAX_POLL: Duration = Duration::from_millis(100);
 
-/// Runs the pipeline until `shutdown` is cancelled (Ok) or an unrecoverable error (Err).
-pub fn run(
+/// The session of the loop: the sink's driver started, the writer's policy checked against
+/// the output topics.
+fn session(
     config: &Config,
     intake: Intake,
     health: Arc<Health>,
     metrics: Arc<Metrics>,
     positions: Arc<Positions>,
     shutdown: CancellationToken,
-) -> Result<(), Error> {
+) -> Result<Arc<Mutex<Session>>, Error> {
     let (kafka, test) = (&config.kafka, &config.test);
     let mut driver = sink::start(
         kafka,
@@ -117,7 +118,26 @@ pub fn run(
         health: health.clone(),
         shutdown: shutdown.clone(),
     });
-    let session = Arc::new(Mutex::new(session));
+    Ok(Arc::new(Mutex::new(session)))
+}
+
+/// Runs the pipeline until `shutdown` is cancelled (Ok) or an unrecoverable error (Err).
+pub fn run(
+    config: &Config,
+    intake: Intake,
+    health: Arc<Health>,
+    metrics: Arc<Metrics>,
+    positions: Arc<Positions>,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    let session = session(
+        config,
+        intake,
+        health.clone(),
+        metrics.clone(),
+        positions.clone(),
+        shutdown.clone(),
+    )?;
     info!(
         transactional_id = %config.sink.transactional_id,
         group = %config.group.group_id,

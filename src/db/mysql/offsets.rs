@@ -242,28 +242,7 @@ impl Offsets {
                 )
             }
             Layout::KafkaOffset => {
-                let seeds: Vec<(i32, i64)> = (partitions.iter())
-                    .filter_map(|(p, s)| Some((*p, (*s)?)))
-                    .collect();
-                if !seeds.is_empty() {
-                    let mut params = Vec::new();
-                    for (p, seed) in &seeds {
-                        params.extend([
-                            Value::from(&self.group),
-                            Value::from(topic),
-                            Value::from(*p),
-                            Value::from(*seed),
-                            Value::from(*seed),
-                        ]);
-                    }
-                    let sql = format!(
-                        "INSERT INTO {} (group_id, topic, partition_id, fromOffset, untilOffset)
-                         VALUES {} ON DUPLICATE KEY UPDATE partition_id = partition_id",
-                        self.table,
-                        vec!["(?, ?, ?, ?, ?)"; seeds.len()].join(", ")
-                    );
-                    conn.call(async |c| c.exec_drop(sql, params).await)?;
-                }
+                self.seed_kafka_offset(conn, topic, partitions)?;
                 for (p, _) in partitions {
                     params.extend([
                         Value::from(&self.group),
@@ -290,6 +269,39 @@ impl Offsets {
             )));
         }
         Ok(rows)
+    }
+
+    /// kafka_offset's rows missing, seeded (those with a seed only: its offsets are NOT
+    /// NULL); a row there already stays as it is.
+    fn seed_kafka_offset(
+        &self,
+        conn: &Conn,
+        topic: &str,
+        partitions: &[(i32, Option<i64>)],
+    ) -> Result<(), Failure> {
+        let seeds: Vec<(i32, i64)> = (partitions.iter())
+            .filter_map(|(p, s)| Some((*p, (*s)?)))
+            .collect();
+        if !seeds.is_empty() {
+            let mut params = Vec::new();
+            for (p, seed) in &seeds {
+                params.extend([
+                    Value::from(&self.group),
+                    Value::from(topic),
+                    Value::from(*p),
+                    Value::from(*seed),
+                    Value::from(*seed),
+                ]);
+            }
+            let sql = format!(
+                "INSERT INTO {} (group_id, topic, partition_id, fromOffset, untilOffset)
+                     VALUES {} ON DUPLICATE KEY UPDATE partition_id = partition_id",
+                self.table,
+                vec!["(?, ?, ?, ?, ?)"; seeds.len()].join(", ")
+            );
+            conn.call(async |c| c.exec_drop(sql, params).await)?;
+        }
+        Ok(())
     }
 
     /// Moves the offsets of `topic` in the open transaction, each by compare-and-set on its

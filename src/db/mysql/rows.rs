@@ -73,6 +73,84 @@ fn field(row: &mut mysql_async::Row, i: usize, what: &str) -> Result<String, Fai
     Ok(text(row, i, what)?.unwrap_or_default())
 }
 
+/// A catalog row of `information_schema.COLUMNS` as a column a row can set, or the name of a
+/// generated one (`Err`); `checks`: the table's CHECK clauses (MariaDB's JSON is LONGTEXT with
+/// a json_valid CHECK).
+fn catalogued(
+    r: &mut mysql_async::Row,
+    checks: &[String],
+) -> Result<Result<Column, String>, Failure> {
+    let name = field(r, 0, "COLUMN_NAME")?;
+    let data_type = field(r, 1, "DATA_TYPE")?.to_ascii_lowercase();
+    let column_type = field(r, 2, "COLUMN_TYPE")?.to_ascii_lowercase();
+    let extra = field(r, 3, "EXTRA")?.to_ascii_lowercase();
+    let charset = field(r, 4, "CHARACTER_SET_NAME")?;
+    let collation = field(r, 5, "COLLATION_NAME")?;
+    if ["virtual", "stored", "persistent"]
+        .iter()
+        .any(|g| extra.contains(g))
+    {
+        return Ok(Err(name));
+    }
+    let json_check = format!("json_valid(`{name}`)");
+    let shape = match data_type.as_str() {
+        "json" => Shape::Json,
+        _ if checks.iter().any(|c| c.eq_ignore_ascii_case(&json_check)) => Shape::Json,
+        _ if column_type.starts_with("tinyint(1)") => Shape::Bool,
+        "char" | "varchar" | "tinytext" | "text" | "mediumtext" | "longtext" | "enum" | "set" => {
+            Shape::Text
+        }
+        _ => Shape::Plain,
+    };
+    let sort = match data_type.as_str() {
+        "tinyint" | "smallint" | "mediumint" | "int" | "integer" | "bigint"
+            if column_type.contains("unsigned") =>
+        {
+            Sort::Unsigned
+        }
+        "tinyint" | "smallint" | "mediumint" | "int" | "integer" | "bigint" => Sort::Signed,
+        "decimal" | "float" | "double" => Sort::Decimal,
+        _ if !charset.is_empty() && !collation.is_empty() && shape == Shape::Text => {
+            Sort::Collated { charset, collation }
+        }
+        _ => Sort::AsIs,
+    };
+    let generated_when_null = extra.contains("auto_increment");
+    Ok(Ok(Column {
+        name,
+        shape,
+        sort,
+        generated_when_null,
+    }))
+}
+
+/// The primary key (its columns' places in `columns`; none when the server makes it) and
+/// the first other unique index, from the catalog rows of `information_schema.STATISTICS`.
+fn keys(
+    indexes: Vec<mysql_async::Row>,
+    columns: &[Column],
+) -> Result<(Vec<usize>, Option<String>), Failure> {
+    let (mut key, mut other_unique, mut generated_key) = (Vec::new(), None, false);
+    for mut r in indexes {
+        let index = field(&mut r, 0, "INDEX_NAME")?;
+        let name = field(&mut r, 1, "COLUMN_NAME")?;
+        let non_unique = super::bigint(&mut r, 2, "NON_UNIQUE")?.unwrap_or(1);
+        if index == "PRIMARY" {
+            match columns.iter().position(|c| c.name == name) {
+                Some(at) => key.push(at),
+                None => generated_key = true,
+            }
+        } else if non_unique == 0 && other_unique.is_none() {
+            other_unique = Some(index);
+        }
+    }
+    if generated_key {
+        // The server makes the key: no row names one.
+        key.clear();
+    }
+    Ok((key, other_unique))
+}
+
 impl Table {
     /// `name`'s columns (those a row can set: not generated ones), primary key and unique
     /// indexes, from the catalog. A table that is missing, or not InnoDB (a failed statement
@@ -136,70 +214,15 @@ impl Table {
         };
         let (mut columns, mut generated) = (Vec::new(), Vec::new());
         for mut r in rows {
-            let name = field(&mut r, 0, "COLUMN_NAME")?;
-            let data_type = field(&mut r, 1, "DATA_TYPE")?.to_ascii_lowercase();
-            let column_type = field(&mut r, 2, "COLUMN_TYPE")?.to_ascii_lowercase();
-            let extra = field(&mut r, 3, "EXTRA")?.to_ascii_lowercase();
-            let charset = field(&mut r, 4, "CHARACTER_SET_NAME")?;
-            let collation = field(&mut r, 5, "COLLATION_NAME")?;
-            if ["virtual", "stored", "persistent"]
-                .iter()
-                .any(|g| extra.contains(g))
-            {
-                generated.push(name);
-                continue;
+            match catalogued(&mut r, &checks)? {
+                Ok(c) => columns.push(c),
+                Err(name) => generated.push(name),
             }
-            let json_check = format!("json_valid(`{name}`)");
-            let shape = match data_type.as_str() {
-                "json" => Shape::Json,
-                _ if checks.iter().any(|c| c.eq_ignore_ascii_case(&json_check)) => Shape::Json,
-                _ if column_type.starts_with("tinyint(1)") => Shape::Bool,
-                "char" | "varchar" | "tinytext" | "text" | "mediumtext" | "longtext" | "enum"
-                | "set" => Shape::Text,
-                _ => Shape::Plain,
-            };
-            let sort = match data_type.as_str() {
-                "tinyint" | "smallint" | "mediumint" | "int" | "integer" | "bigint"
-                    if column_type.contains("unsigned") =>
-                {
-                    Sort::Unsigned
-                }
-                "tinyint" | "smallint" | "mediumint" | "int" | "integer" | "bigint" => Sort::Signed,
-                "decimal" | "float" | "double" => Sort::Decimal,
-                _ if !charset.is_empty() && !collation.is_empty() && shape == Shape::Text => {
-                    Sort::Collated { charset, collation }
-                }
-                _ => Sort::AsIs,
-            };
-            let generated_when_null = extra.contains("auto_increment");
-            columns.push(Column {
-                name,
-                shape,
-                sort,
-                generated_when_null,
-            });
         }
         if columns.is_empty() && generated.is_empty() {
             return Err(setup(format!("table {name} has no columns")));
         }
-        let (mut key, mut other_unique, mut generated_key) = (Vec::new(), None, false);
-        for mut r in indexes {
-            let index = field(&mut r, 0, "INDEX_NAME")?;
-            let name = field(&mut r, 1, "COLUMN_NAME")?;
-            let non_unique = super::bigint(&mut r, 2, "NON_UNIQUE")?.unwrap_or(1);
-            if index == "PRIMARY" {
-                match columns.iter().position(|c| c.name == name) {
-                    Some(at) => key.push(at),
-                    None => generated_key = true,
-                }
-            } else if non_unique == 0 && other_unique.is_none() {
-                other_unique = Some(index);
-            }
-        }
-        if generated_key {
-            // The server makes the key: no row names one.
-            key.clear();
-        }
+        let (key, other_unique) = keys(indexes, &columns)?;
         Ok(Table {
             name: quoted,
             columns,

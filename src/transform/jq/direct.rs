@@ -302,56 +302,20 @@ fn eval(n: &Node, v: Val) -> Out {
     Ok(Some(match n {
         Node::Id => v,
         Node::Lit(x) => x.clone(),
-        Node::Get(base, keys) => {
-            let Some(mut x) = eval(base, v)? else {
-                return Ok(None);
-            };
-            for (k, opt) in keys {
-                x = match (x.index(k), opt) {
-                    (Ok(y), _) => y,
-                    (Err(_), Opt::Optional) => return Ok(None),
-                    (Err(_), Opt::Essential) => return Err(Stop::Error),
-                };
-            }
-            x
-        }
+        Node::Get(base, keys) => return get(base, keys, v),
         Node::Pipe(l, r) => match eval(l, v)? {
             Some(x) => return eval(r, x),
             None => return Ok(None),
         },
-        // jaq runs the right side once per output of the left: not at all after none (so an
-        // error there is never raised).
-        Node::Math(l, op, r) => {
-            let Some(x) = eval(l, v.clone())? else {
-                return Ok(None);
-            };
-            let Some(y) = eval(r, v)? else {
-                return Ok(None);
-            };
-            op.run(x, y).map_err(|_| Stop::Error)?
-        }
-        Node::Cmp(l, op, r) => {
-            let Some(x) = eval(l, v.clone())? else {
-                return Ok(None);
-            };
-            let Some(y) = eval(r, v)? else {
-                return Ok(None);
-            };
-            Val::Bool(op.run(&x, &y))
-        }
-        Node::Logic(l, stop, r) => {
-            let Some(x) = eval(l, v.clone())? else {
-                return Ok(None);
-            };
-            if x.as_bool() == *stop {
-                Val::Bool(*stop)
-            } else {
-                match eval(r, v)? {
-                    Some(y) => Val::Bool(y.as_bool()),
-                    None => return Ok(None),
-                }
-            }
-        }
+        Node::Math(l, op, r) => match both(l, r, v)? {
+            Some((x, y)) => op.run(x, y).map_err(|_| Stop::Error)?,
+            None => return Ok(None),
+        },
+        Node::Cmp(l, op, r) => match both(l, r, v)? {
+            Some((x, y)) => Val::Bool(op.run(&x, &y)),
+            None => return Ok(None),
+        },
+        Node::Logic(l, stop, r) => return logic(l, *stop, r, v),
         Node::Alt(l, r) => match eval(l, v.clone())? {
             Some(x) if x.as_bool() => x,
             _ => return eval(r, v),
@@ -375,30 +339,8 @@ fn eval(n: &Node, v: Val) -> Out {
             Err(Stop::Error) => return Ok(None),
             out => return out,
         },
-        Node::Obj(entries) => {
-            let mut pairs = Vec::with_capacity(entries.len());
-            // Entry by entry, key before value, as jaq's `{k: v} + …` runs them.
-            for (k, x) in entries {
-                let Some(k) = eval(k, v.clone())? else {
-                    return Ok(None);
-                };
-                let Some(x) = eval(x, v.clone())? else {
-                    return Ok(None);
-                };
-                if !matches!(k, Val::TStr(_)) {
-                    return Err(Stop::Unsure);
-                }
-                pairs.push((k, x));
-            }
-            Val::from_map(pairs).map_err(|_| Stop::Error)?
-        }
-        Node::Arr(elems) => {
-            let mut items = Vec::with_capacity(elems.len());
-            for e in elems {
-                items.extend(eval(e, v.clone())?);
-            }
-            Val::Arr(items.into())
-        }
+        Node::Obj(entries) => return object(entries, v),
+        Node::Arr(elems) => return array(elems, v),
         Node::Assign(keys, f) => match eval(f, v.clone())? {
             Some(y) => return update(v, keys, &|_| Ok(Some(y.clone()))),
             None => return Ok(None),
@@ -420,18 +362,85 @@ fn eval(n: &Node, v: Val) -> Out {
             }
             None => return Ok(None),
         },
-        Node::Seq(steps) => {
-            let mut x = v;
-            for s in steps {
-                match eval(s, x)? {
-                    Some(y) => x = y,
-                    None => return Ok(None),
-                }
-            }
-            x
-        }
+        Node::Seq(steps) => return seq(steps, v),
         Node::Call(b) => return b.run(v),
     }))
+}
+
+/// Both sides of a binary operator over `v`, left first; nothing when either gives nothing
+/// (jaq runs the right side once per output of the left: not at all after none, so an error
+/// there is never raised).
+fn both(l: &Node, r: &Node, v: Val) -> Result<Option<(Val, Val)>, Stop> {
+    let Some(x) = eval(l, v.clone())? else {
+        return Ok(None);
+    };
+    Ok(eval(r, v)?.map(|y| (x, y)))
+}
+
+/// `l and r` (`stop` false) or `l or r` (`stop` true): the right side only when the left
+/// does not decide.
+fn logic(l: &Node, stop: bool, r: &Node, v: Val) -> Out {
+    let Some(x) = eval(l, v.clone())? else {
+        return Ok(None);
+    };
+    if x.as_bool() == stop {
+        return Ok(Some(Val::Bool(stop)));
+    }
+    Ok(eval(r, v)?.map(|y| Val::Bool(y.as_bool())))
+}
+
+/// `.a.b?…` of `base`'s output.
+fn get(base: &Node, keys: &[(Val, Opt)], v: Val) -> Out {
+    let Some(mut x) = eval(base, v)? else {
+        return Ok(None);
+    };
+    for (k, opt) in keys {
+        x = match (x.index(k), opt) {
+            (Ok(y), _) => y,
+            (Err(_), Opt::Optional) => return Ok(None),
+            (Err(_), Opt::Essential) => return Err(Stop::Error),
+        };
+    }
+    Ok(Some(x))
+}
+
+/// An object, entry by entry, key before value, as jaq's `{k: v} + …` runs them.
+fn object(entries: &[(Node, Node)], v: Val) -> Out {
+    let mut pairs = Vec::with_capacity(entries.len());
+    for (k, x) in entries {
+        let Some(k) = eval(k, v.clone())? else {
+            return Ok(None);
+        };
+        let Some(x) = eval(x, v.clone())? else {
+            return Ok(None);
+        };
+        if !matches!(k, Val::TStr(_)) {
+            return Err(Stop::Unsure);
+        }
+        pairs.push((k, x));
+    }
+    Ok(Some(Val::from_map(pairs).map_err(|_| Stop::Error)?))
+}
+
+/// An array of every element's output.
+fn array(elems: &[Node], v: Val) -> Out {
+    let mut items = Vec::with_capacity(elems.len());
+    for e in elems {
+        items.extend(eval(e, v.clone())?);
+    }
+    Ok(Some(Val::Arr(items.into())))
+}
+
+/// Steps one after the other, each over the last's output.
+fn seq(steps: &[Node], v: Val) -> Out {
+    let mut x = v;
+    for s in steps {
+        match eval(s, x)? {
+            Some(y) => x = y,
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(x))
 }
 
 /// `v` with the value at `keys` replaced by `f` of it (removed when `f` yields nothing),
