@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The broker matrix: the core exactly-once tests against each Apache Kafka release users run,
 # each on a single-node broker of its own from Maven Central's jars, under each group protocol
-# the release serves; then a table for the README. Not part of CI (about 6 minutes a row).
+# the release serves; then a table for docs/operating.md. Not part of CI (about 6 minutes a row).
 #
 #   scripts/matrix.sh                    3.9.2, 4.1.1 and 4.4.0
 #   scripts/matrix.sh 4.4.0 ...          those releases

@@ -2,10 +2,13 @@
 //! flags that `exactly run --help` and `exactly audit --help` print, with the same environment
 //! variables and defaults; `docs/metrics.md` lists exactly the metric families the registry
 //! exports, with the same types and label names; `docs/extending.md` shows the seams' traits
-//! with the methods the code declares. No broker needed.
+//! with the methods the code declares. README.md and the chapters under docs/ hold together:
+//! every relative link leads to a file that exists, and its `#anchor` to a heading there; every
+//! chapter is linked from README.md or docs/README.md; README.md stays a front door. No broker
+//! needed.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use exactly::metrics::{Family, Metrics};
@@ -13,6 +16,8 @@ use exactly::metrics::{Family, Metrics};
 const CONFIGURATION: &str = "docs/configuration.md";
 const METRICS: &str = "docs/metrics.md";
 const EXTENDING: &str = "docs/extending.md";
+/// The most lines README.md may have: the front door; the chapters under docs/ hold the rest.
+const README_LINES: usize = 400;
 
 #[test]
 fn extending_doc_shows_the_seams_as_they_are() {
@@ -315,4 +320,171 @@ fn label_names(cell: &str) -> BTreeSet<String> {
         .map(|l| l.trim().trim_matches('`').to_string())
         .filter(|l| !l.is_empty())
         .collect()
+}
+
+#[test]
+fn the_readme_stays_a_front_door() {
+    let lines = read(&repo().join("README.md")).lines().count();
+    assert!(
+        lines <= README_LINES,
+        "fix README.md: {lines} lines, more than {README_LINES}; move the detail into a chapter \
+         under docs/"
+    );
+}
+
+#[test]
+fn every_relative_link_in_the_docs_resolves() {
+    let mut broken = Vec::new();
+    for file in markdown_files() {
+        let text = read(&file);
+        for target in prose(&text).into_iter().flat_map(link_targets) {
+            if let Err(why) = resolve(&file, target) {
+                broken.push(format!("{}: ({target}): {why}", shown(&file)));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "fix these links:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn every_chapter_is_linked_from_the_readme_or_the_index() {
+    let mut linked = BTreeSet::new();
+    for index in [repo().join("README.md"), repo().join("docs/README.md")] {
+        let text = read(&index);
+        for target in prose(&text).into_iter().flat_map(link_targets) {
+            let path = target.split('#').next().unwrap_or(target);
+            if let Some(path) = local(&index, path).and_then(|p| p.canonicalize().ok()) {
+                linked.insert(path);
+            }
+        }
+    }
+    let unlinked: Vec<String> = chapters()
+        .into_iter()
+        .filter(|c| !c.canonicalize().is_ok_and(|path| linked.contains(&path)))
+        .map(|c| shown(&c))
+        .collect();
+    assert!(
+        unlinked.is_empty(),
+        "link these chapters from README.md or docs/README.md: {unlinked:?}"
+    );
+}
+
+/// The repository's root.
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// `path` from the repository's root, for messages.
+fn shown(path: &Path) -> String {
+    path.strip_prefix(repo())
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
+/// The chapters: every `docs/*.md`, in name order.
+fn chapters() -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(repo().join("docs"))
+        .expect("read docs/")
+        .map(|entry| entry.expect("a docs/ entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    found.sort();
+    found
+}
+
+/// README.md and the chapters.
+fn markdown_files() -> Vec<PathBuf> {
+    let mut files = vec![repo().join("README.md")];
+    files.extend(chapters());
+    files
+}
+
+/// The lines of a Markdown text outside its fenced code blocks.
+fn prose(text: &str) -> Vec<&str> {
+    let mut fenced = false;
+    text.lines()
+        .filter(|line| {
+            if line.trim_start().starts_with("```") {
+                fenced = !fenced;
+                return false;
+            }
+            !fenced
+        })
+        .collect()
+}
+
+/// The targets of the inline links `[text](target)` on a line.
+fn link_targets(line: &str) -> Vec<&str> {
+    line.match_indices("](")
+        .filter_map(|(at, _)| {
+            let rest = &line[at + 2..];
+            rest.find(')').map(|end| &rest[..end])
+        })
+        .collect()
+}
+
+/// The file a link from `file` to `path` (its part before any `#`) leads to; `None` for a link
+/// off the repository.
+fn local(file: &Path, path: &str) -> Option<PathBuf> {
+    if path.contains("://") || path.starts_with("mailto:") {
+        return None;
+    }
+    if path.is_empty() {
+        return Some(file.to_path_buf());
+    }
+    file.parent().map(|dir| dir.join(path))
+}
+
+/// Checks that a link from `file` leads to a file that exists and, if it names an anchor in a
+/// Markdown file, to a heading of that file.
+fn resolve(file: &Path, target: &str) -> Result<(), String> {
+    let (path, anchor) = target.split_once('#').unwrap_or((target, ""));
+    let Some(linked) = local(file, path) else {
+        return Ok(());
+    };
+    if !linked.exists() {
+        return Err(format!("{} does not exist", shown(&linked)));
+    }
+    let markdown = linked.extension().is_some_and(|x| x == "md");
+    if anchor.is_empty() || !markdown || anchors(&read(&linked)).contains(anchor) {
+        return Ok(());
+    }
+    Err(format!(
+        "{} has no heading with the anchor #{anchor}",
+        shown(&linked)
+    ))
+}
+
+/// The anchors GitHub gives a Markdown text's headings: the heading's text in lower case, every
+/// character but letters, digits, `-`, `_` and spaces dropped, each space made a `-`; the
+/// second heading with one anchor gets `-1` after it, the third `-2`.
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut uses: BTreeMap<String, usize> = BTreeMap::new();
+    let mut found = BTreeSet::new();
+    for line in prose(text) {
+        let hashes = line.len() - line.trim_start_matches('#').len();
+        let heading = match line[hashes..].strip_prefix(' ') {
+            Some(heading) if (1..=6).contains(&hashes) => heading,
+            _ => continue,
+        };
+        let slug: String = heading
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter(|&c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect();
+        let seen = uses.entry(slug.clone()).or_default();
+        found.insert(match *seen {
+            0 => slug,
+            n => format!("{slug}-{n}"),
+        });
+        *seen += 1;
+    }
+    found
 }

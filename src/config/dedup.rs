@@ -25,7 +25,8 @@ pub enum Late {
 pub struct DedupArgs {
     /// Keep only the first record of each key per window of event time (the seed's daily
     /// active users: 1d); later ones are dropped and counted. The keys seen are kept exactly
-    /// once, in a changelog topic written in the same transaction (README, "Deduplication").
+    /// once, in a changelog topic written in the same transaction (docs/state.md,
+    /// "Deduplication").
     #[arg(long, alias = "dedup-window", env = "EXACTLY_WINDOW", value_name = "DURATION", value_parser = parse_duration)]
     pub window: Option<Duration>,
 
@@ -40,7 +41,7 @@ pub struct DedupArgs {
     pub window_key: Option<String>,
 
     /// Every record of one --window-key value is in one input partition (the input topic is
-    /// keyed by it). Dedup is only right then; otherwise re-key first (README).
+    /// keyed by it). Dedup is only right then; otherwise re-key first (docs/state.md).
     #[arg(
         long,
         alias = "dedup-key-partitioned",
@@ -119,7 +120,7 @@ pub enum Emit {
 #[derive(Clone, Debug, Args)]
 pub struct AggregateArgs {
     /// Aggregate per --window-key group per --window instead of deduplicating: a list of
-    /// count, sum, distinct (README, "Windowed aggregates").
+    /// count, sum, distinct (docs/state.md, "Windowed aggregates").
     #[arg(
         long,
         env = "EXACTLY_AGGREGATE",
@@ -322,7 +323,7 @@ impl DedupArgs {
             return Err(Error::Config(
                 "--window-key: a window's state is only right when every record of a key is in \
                  one input partition; say so with --window-key-partitioned, or re-key the input \
-                 by it first (README, \"Deduplication\")"
+                 by it first (docs/state.md, \"Deduplication\")"
                     .into(),
             ));
         }

@@ -53,7 +53,8 @@ pub struct TransformArgs {
 #[derive(Clone, Debug, Args)]
 pub struct CallArgs {
     /// The call-out: POST batches of records to the application at this http:// URL and write
-    /// what it answers for each, in the same transaction (README, "Calling the application").
+    /// what it answers for each, in the same transaction (docs/transforms.md, "Calling the
+    /// application").
     #[arg(
         long,
         env = "EXACTLY_CALL_URL",

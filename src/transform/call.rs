@@ -900,10 +900,10 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_examples_are_of_the_schema_and_the_answer_decodes() {
-        let readme = include_str!("../../README.md");
-        let at = readme.find("The whole protocol is a JSON Schema").unwrap();
-        let blocks: Vec<serde_json::Value> = readme[at..]
+    fn the_documented_examples_are_of_the_schema_and_the_answer_decodes() {
+        let doc = include_str!("../../docs/transforms.md");
+        let at = doc.find("The whole protocol is a JSON Schema").unwrap();
+        let blocks: Vec<serde_json::Value> = doc[at..]
             .split("```json")
             .skip(1)
             .take(2)
