@@ -135,27 +135,36 @@ def layers(src):
     """{module: layer} from lib.rs's `→` chain (leaves first, layer 0)."""
     with open(os.path.join(src, "lib.rs"), encoding="utf-8") as f:
         m = LAYERS.search(f.read())
-    if not m:
+    if not m or "→" not in m.group(1):
         return None
-    chain = m.group(1).replace("//!", " ").split(":", 1)[-1]
-    found = {}
+    # The chain runs from the colon before its first arrow.
+    text = m.group(1).replace("//!", " ")
+    chain = text[text.rfind(":", 0, text.index("→")) + 1:]
+    found, twice = {}, []
     for i, part in enumerate(chain.split("→")):
         for name in re.findall(r"`([A-Za-z_]\w*)`", part):
+            if name in found:
+                twice.append(name)
             found.setdefault(name, i)
-    return found
+    return found, twice
 
 
 def upward(src, nodes, edges, out):
     """Reports imports from a layer to one above it, and modules in no layer; True if none."""
-    declared = layers(src)
-    if declared is None:
+    if layers(src) is None:
         print("modgraph: lib.rs declares no layers (\"Imports run one way ... → ...\")", file=out)
         return False
-    ok = True
+    declared, twice = layers(src)
+    ok = not twice
+    for v in twice:
+        print(f"modgraph: {v} is in two layers of lib.rs's map", file=out)
     for v in nodes:
         if v not in declared:
             print(f"modgraph: {v} is in no layer of lib.rs's map", file=out)
             ok = False
+    for v in sorted(set(declared) - set(nodes)):
+        print(f"modgraph: lib.rs's map names {v}, which is no module of src/", file=out)
+        ok = False
     for (x, y), where in sorted(edges.items()):
         if x in declared and y in declared and declared[y] > declared[x]:
             (f, line, text), *more = where
@@ -193,7 +202,7 @@ def check(src, out=sys.stdout):
 
 
 LAYERED = "//! Imports run one way: `b` → `c` → `a`\n//!\n"
-CYCLIC = {"lib.rs": "//! Imports run one way: `a`, `b`\n//!\npub mod a;\npub mod b;\n", "a.rs": "use crate::{b::X};\npub struct Y;\n",
+CYCLIC = {"lib.rs": "//! Imports run one way: `a`, `b` → here\n//!\npub mod a;\npub mod b;\n", "a.rs": "use crate::{b::X};\npub struct Y;\n",
           "b.rs": "pub struct X;\nfn f() -> crate::a::Y { todo!() }\n"}
 ACYCLIC = {  # b.rs: comments and strings make no b -> a; c/mod.rs: chars hide no c -> b
     "lib.rs": LAYERED + "pub mod a;\npub mod b;\npub mod c;\nuse crate::a::f;\n", "main.rs": "use exactly::a;\n",
@@ -206,7 +215,7 @@ ACYCLIC = {  # b.rs: comments and strings make no b -> a; c/mod.rs: chars hide n
 
 
 UPWARD = dict(ACYCLIC, **{"lib.rs": "//! Imports run one way: `b`, `a` → `c`\n//!\n"})
-UNLAYERED = dict(ACYCLIC, **{"lib.rs": "//! Imports run one way: `b` → `c`\n//!\n"})
+UNLAYERED = dict(ACYCLIC, **{"lib.rs": "//! Imports run one way: `b` → `c` → `d`\n//!\n"})
 
 
 def self_test():
@@ -228,6 +237,7 @@ def self_test():
     assert ok2 and out2 == "b: -\nc: b\na: b, c\nmodgraph: 3 modules, acyclic\n", out2
     assert not ok3 and "modgraph: upwards: a (layer 0) -> c (layer 1): src/a.rs:1:" in out3, out3
     assert not ok4 and "modgraph: a is in no layer of lib.rs's map" in out4, out4
+    assert "modgraph: lib.rs's map names d, which is no module of src/" in out4, out4
     print("modgraph: self-test passed")
 
 
