@@ -97,6 +97,14 @@ pub struct Database {
 }
 
 impl Database {
+    /// The open unit's rows, their operations (one each, in step) and dead-letter copies are
+    /// dropped; its refusals stay for the driver to learn (it asks after an abort).
+    fn clear_unit(&mut self) {
+        self.rows.clear();
+        self.ops.clear();
+        self.copies.clear();
+    }
+
     /// Not connected yet. `output`: the name outputs are addressed to; `test`: failures on
     /// purpose.
     pub fn new(
@@ -464,9 +472,7 @@ impl Sink for Database {
 
     fn begin(&mut self, _bounds: &Bounds) -> Result<(), Failed> {
         // The database transaction is the commit's: nothing stays open between records.
-        self.rows.clear();
-        self.ops.clear();
-        self.copies.clear();
+        self.clear_unit();
         self.rejections.clear();
         Ok(())
     }
@@ -563,8 +569,7 @@ impl Sink for Database {
     fn abort(&mut self, _reason: AbortReason, _bounds: &Bounds) -> Result<(), Failed> {
         // Nothing is open in the database between commits; a lost connection is replaced
         // here, so the rewind can read the offsets.
-        self.rows.clear();
-        self.copies.clear();
+        self.clear_unit();
         self.ensure()
     }
 

@@ -27,6 +27,7 @@ use std::collections::HashMap;
 use tracing::warn;
 
 use super::Rejection;
+use crate::kafka::Tp;
 use crate::transform::Refuser;
 
 /// Which copy of an input record a send was.
@@ -233,6 +234,14 @@ impl Verdicts {
         }
     }
 
+    /// Forgets every verdict on `partitions`: no longer owned, their records are another
+    /// member's to judge (and, back here later, judged afresh).
+    pub fn revoked(&mut self, partitions: &[Tp]) {
+        for (topic, partition) in partitions {
+            self.committed(topic, *partition, i64::MAX);
+        }
+    }
+
     fn set(&mut self, topic: &str, partition: i32, offset: i64, v: (Verdict, u64)) {
         self.by_topic
             .entry(topic.to_string())
@@ -330,6 +339,11 @@ impl Rejections {
         self.verdicts.clear(topic, partition, offset);
     }
 
+    /// `partitions` are no longer owned: their verdicts go.
+    pub fn revoked(&mut self, partitions: &[Tp]) {
+        self.verdicts.revoked(partitions);
+    }
+
     /// Verdicts below a committed offset are settled.
     pub fn committed(&mut self, topic: &str, partition: i32, next: i64) {
         self.verdicts.committed(topic, partition, next);
@@ -369,6 +383,22 @@ impl Rejections {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A revoke forgets the verdicts on the partitions revoked, and only those.
+    #[test]
+    fn a_revoke_forgets_the_verdicts_of_its_partitions() {
+        let mut v = Verdicts::default();
+        let suspect = Verdict::Suspect {
+            error: "INVALID_TIMESTAMP",
+            copy: Form::Output,
+        };
+        for p in [0, 1] {
+            v.set("in", p, 5, (suspect, 0));
+        }
+        v.revoked(&[("in".into(), 0), ("other".into(), 1)]);
+        assert_eq!(v.get("in", 0, 5), None);
+        assert_eq!(v.get("in", 1, 5), Some(suspect));
+    }
 
     fn src(topic: &str, partition: i32, offset: i64, copy: Form) -> Source<'_> {
         Source {

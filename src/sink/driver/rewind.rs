@@ -49,9 +49,11 @@ impl Driver {
         self.offsets.last(tp)
     }
 
-    /// `partitions` were revoked: what was committed for them is the group's business now.
+    /// `partitions` were revoked: what was committed for them is the group's business now,
+    /// and so is judging their refused records.
     pub fn forget(&mut self, partitions: &[Tp]) {
         self.offsets.forget(partitions);
+        self.rejections.revoked(partitions);
     }
 
     /// The consumer is replaced: the new one starts from the committed offsets, owning
