@@ -555,10 +555,14 @@ impl Run {
         self.last_fault = Some(Instant::now());
     }
 
-    /// Waits until a further `fraction` of the input is committed (and a random moment more),
-    /// so the next fault lands on fresh progress. False when the input would run out first.
+    /// Waits until a further `fraction` of the input not committed yet is committed (and a
+    /// random moment more), so the next fault lands on fresh progress. False when the input
+    /// would run out first.
     fn after_more_progress(&mut self, fraction: f64) -> bool {
-        let target = self.progress() + (self.total() as f64 * fraction) as i64;
+        // A share of what is left, not of the whole: a fault whose recovery catches up a
+        // backlog (a frozen owner's session, a restore) must not leave the next one no input.
+        let progress = self.progress();
+        let target = progress + ((self.total() - progress) as f64 * fraction) as i64;
         if target >= self.total() {
             return false;
         }
