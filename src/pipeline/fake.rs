@@ -24,7 +24,8 @@ use crate::health::Health;
 use crate::kafka::Tp;
 use crate::metrics::Metrics;
 use crate::sink::{
-    Bounds, Driver, Failed, Group, NotConnected, Record, Rejection, SeekFailed, Sink, Starts,
+    Bounds, Driver, Failed, Feedback, Group, NotConnected, Record, Rejection, Reply, SeekFailed,
+    Sink, Starts, Wait,
 };
 use crate::transform::call::{Answer, Answering, Application, CallError, Called, InFlight};
 use crate::transform::{self, InputRecord, Limits, OwnedRecord};
@@ -136,6 +137,58 @@ impl Broker {
         }
     }
 
+    /// A unit's commit: its outputs and offsets visible at once.
+    fn commit(&mut self, offsets: &[(Tp, i64)]) -> Result<(), Failed> {
+        let mut offsets = offsets.to_vec();
+        offsets.sort();
+        self.calls.push(Call::Commit(offsets.clone()));
+        if let Some(topic) = self.open_denied.take() {
+            self.unheard.push(topic);
+            let source = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
+            return Err(Failed::Denied(crate::error::Error::Unrecoverable {
+                context: "sending offsets".to_string(),
+                source,
+            }));
+        }
+
+        if self.fail_commits > 0 || !self.refused.is_empty() {
+            self.fail_commits = self.fail_commits.saturating_sub(1);
+            return Err(Failed::Abort(AbortReason::CommitFailed));
+        }
+        if self.commit_unknown_lost > 0 && self.commit_unknown == 0 {
+            self.commit_unknown_lost -= 1;
+            return Err(Failed::unknown());
+        }
+        let open = std::mem::take(&mut self.open);
+        self.outputs.extend(open);
+        self.committed.extend(offsets);
+        if self.fence_commits > 0 {
+            self.fence_commits -= 1;
+            return Err(Failed::Unknown {
+                reason: AbortReason::CommitFenced,
+                recreate: true,
+            });
+        }
+        if self.commit_unknown > 0 {
+            self.commit_unknown -= 1;
+            return Err(Failed::unknown());
+        }
+        Ok(())
+    }
+
+    /// What the sink heard and the broker reported since the last report.
+    fn report(&mut self) -> Feedback {
+        Feedback {
+            refused: std::mem::take(&mut self.refused),
+            routes: (self.heard_routes.drain(..))
+                .map(|t| (t, crate::error::TOPIC_DENIED))
+                .collect(),
+            accepted: std::mem::take(&mut self.accepted),
+            denied: self.heard_denial.take(),
+            settled: true,
+        }
+    }
+
     /// The sink hears what the log said.
     fn hear(&mut self) {
         for topic in std::mem::take(&mut self.unheard) {
@@ -193,12 +246,14 @@ impl Sink for FakeSink {
         Ok(())
     }
 
-    fn stale(&self) -> bool {
-        lock(&self.0).stale
-    }
-
-    fn begin(&mut self, _: &Bounds) -> Result<(), Failed> {
+    fn begin(&mut self, watch: bool, _: &Bounds) -> Result<(), Failed> {
         let mut b = lock(&self.0);
+        if b.stale {
+            return Err(Failed::Renew(AbortReason::RequestTimedOut));
+        }
+        b.watched.push(watch);
+        b.accepted.clear();
+        b.refused.clear();
         b.open.clear();
         b.open_denied = None;
         b.calls.push(Call::Begin);
@@ -256,87 +311,33 @@ impl Sink for FakeSink {
         Ok(())
     }
 
-    fn settle(&mut self, _: &Bounds) -> bool {
-        true
+    /// What the log said is heard only on a commit's denial and on an abort (round trips).
+    fn hear(&mut self, _: Wait, _: &Bounds) -> Feedback {
+        lock(&self.0).report()
     }
 
-    fn watch_routes(&mut self, on: bool) {
+    fn commit(&mut self, offsets: &[(Tp, i64)], _: &dyn Group, _: &Bounds) -> Reply {
         let mut b = lock(&self.0);
-        b.watched.push(on);
-        b.accepted.clear();
-    }
-
-    fn take_accepted_routes(&mut self) -> Vec<String> {
-        std::mem::take(&mut lock(&self.0).accepted)
-    }
-
-    fn take_rejections(&mut self, _: Duration) -> Vec<Rejection> {
-        std::mem::take(&mut lock(&self.0).refused)
-    }
-
-    fn has_rejections(&self) -> bool {
-        !lock(&self.0).refused.is_empty()
-    }
-
-    fn commit(&mut self, offsets: &[(Tp, i64)], _: &dyn Group, _: &Bounds) -> Result<(), Failed> {
-        let mut b = lock(&self.0);
-        let mut offsets = offsets.to_vec();
-        offsets.sort();
-        b.calls.push(Call::Commit(offsets.clone()));
-        if let Some(topic) = b.open_denied.take() {
-            b.unheard.push(topic);
-            let source = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
-            return Err(Failed::exit("sending offsets", source));
+        let result = b.commit(offsets);
+        if matches!(result, Err(Failed::Denied(_))) {
+            b.hear(); // the sink waits to hear why
         }
-
-        if b.fail_commits > 0 || !b.refused.is_empty() {
-            b.fail_commits = b.fail_commits.saturating_sub(1);
-            return Err(Failed::Abort(AbortReason::CommitFailed));
+        Reply {
+            result,
+            feedback: b.report(),
         }
-        if b.commit_unknown_lost > 0 && b.commit_unknown == 0 {
-            b.commit_unknown_lost -= 1;
-            return Err(Failed::unknown());
-        }
-        let open = std::mem::take(&mut b.open);
-        b.outputs.extend(open);
-        b.committed.extend(offsets);
-        if b.fence_commits > 0 {
-            b.fence_commits -= 1;
-            return Err(Failed::Unknown {
-                reason: AbortReason::CommitFenced,
-                recreate: true,
-            });
-        }
-        if b.commit_unknown > 0 {
-            b.commit_unknown -= 1;
-            return Err(Failed::unknown());
-        }
-        Ok(())
     }
 
-    fn take_refused_routes(&mut self) -> Vec<(String, &'static str)> {
-        let heard = std::mem::take(&mut lock(&self.0).heard_routes);
-        heard
-            .into_iter()
-            .map(|t| (t, crate::error::TOPIC_DENIED))
-            .collect()
-    }
-
-    fn take_denied(&mut self, wait: Duration) -> Option<String> {
-        let mut b = lock(&self.0);
-        if !wait.is_zero() {
-            b.hear();
-        }
-        b.heard_denial.take()
-    }
-
-    fn abort(&mut self, _: AbortReason, _: &Bounds) -> Result<(), Failed> {
+    fn abort(&mut self, _: AbortReason, _: &Bounds) -> Reply {
         let mut b = lock(&self.0);
         b.hear(); // an abort is a round trip: the log was served meanwhile
         b.open.clear();
         b.open_denied = None;
         b.calls.push(Call::Abort);
-        Ok(())
+        Reply {
+            result: Ok(()),
+            feedback: b.report(),
+        }
     }
 
     fn claim(&mut self, _: &[Tp], _: &dyn Group, _: &Bounds) -> Result<Starts, Failed> {

@@ -26,8 +26,8 @@ use crate::pipeline::writer::{Policy, Writer};
 use crate::pipeline::{Intake, Interrupt, Session};
 use crate::sink::exactly_once::{self, Transaction};
 use crate::sink::{
-    Bounds, Committed, Driver, Failed, Group, NotConnected, Record, Rejection, SeekFailed, Sink,
-    Starts,
+    Bounds, Committed, Driver, Failed, Feedback, Group, NotConnected, Record, Rejection, Reply,
+    SeekFailed, Sink, Starts, Wait,
 };
 use crate::state::restore::{Changelog, Each, Read, Unread};
 use crate::state::window::{Size, Windows};
@@ -235,8 +235,12 @@ impl Sink for SimSink {
         Ok(())
     }
 
-    fn begin(&mut self, _: &Bounds) -> Result<(), Failed> {
+    fn begin(&mut self, _watch: bool, _: &Bounds) -> Result<(), Failed> {
         let mut m = self.shared.model();
+        if m.clients.get(&self.i).is_some_and(|c| c.stale) {
+            // A late copy of a timed-out request could land in this unit: a new epoch first.
+            return Err(Failed::Renew(AbortReason::RequestTimedOut));
+        }
         if let Some(c) = m.clients.get_mut(&self.i) {
             c.failed = false;
             c.rejected.clear();
@@ -264,52 +268,44 @@ impl Sink for SimSink {
         Ok(())
     }
 
-    fn settle(&mut self, _: &Bounds) -> bool {
-        self.shared.model().deliver(self.i, usize::MAX);
-        true
-    }
-
-    fn take_rejections(&mut self, _: Duration) -> Vec<Rejection> {
+    /// Only a flush delivers what is in flight; the model's refusals are named (KIP-467).
+    fn hear(&mut self, wait: Wait, _: &Bounds) -> Feedback {
         let mut m = self.shared.model();
+        if wait == Wait::Flush {
+            m.deliver(self.i, usize::MAX);
+        }
         let Some(c) = m.clients.get_mut(&self.i) else {
-            return Vec::new();
+            return Feedback::default();
         };
-        (c.rejected.drain(..))
+        let refused = (c.rejected.drain(..))
             .map(|index| Rejection {
                 index,
                 error: "MESSAGE_TOO_LARGE",
                 named: true,
                 alone: false,
             })
-            .collect()
+            .collect();
+        Feedback {
+            refused,
+            settled: wait == Wait::Flush,
+            ..Feedback::default()
+        }
     }
 
-    fn has_rejections(&self) -> bool {
-        let m = self.shared.model();
-        m.clients
-            .get(&self.i)
-            .is_some_and(|c| !c.rejected.is_empty())
+    fn commit(&mut self, offsets: &[(Tp, i64)], group: &dyn Group, b: &Bounds) -> Reply {
+        let result = exactly_once::commit(&self.txn(), offsets, group, b);
+        Reply {
+            result,
+            feedback: self.hear(Wait::Now, b),
+        }
     }
 
-    fn stale(&self) -> bool {
-        self.shared
-            .model()
-            .clients
-            .get(&self.i)
-            .is_some_and(|c| c.stale)
-    }
-
-    fn commit(
-        &mut self,
-        offsets: &[(Tp, i64)],
-        group: &dyn Group,
-        b: &Bounds,
-    ) -> Result<(), Failed> {
-        exactly_once::commit(&self.txn(), offsets, group, b)
-    }
-
-    fn abort(&mut self, reason: AbortReason, b: &Bounds) -> Result<(), Failed> {
-        exactly_once::abort(&self.txn(), reason, b)
+    fn abort(&mut self, reason: AbortReason, b: &Bounds) -> Reply {
+        let result = exactly_once::abort(&self.txn(), reason, b);
+        Reply {
+            result,
+            feedback: self.hear(Wait::Now, b),
+        }
     }
 
     fn claim(&mut self, _: &[Tp], _: &dyn Group, _: &Bounds) -> Result<Starts, Failed> {

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use tracing::warn;
 
+use super::exactly_once::REPORTS_AFTER_ABORT;
 use super::producer::{Connection, TrackedProducer};
-use super::{Bounds, Failed, Group, NotConnected, Record, Rejection, Sink, Starts};
+use super::{Bounds, Failed, Feedback, Group, NotConnected, Record, Reply, Sink, Starts, Wait};
 use crate::config::SinkConfig;
 use crate::events::{AbortReason, Ended};
 use crate::kafka::{Role, Settings, Tp};
@@ -28,50 +29,10 @@ impl AtLeastOnce {
     fn p(&self) -> &TrackedProducer {
         self.connection.producer()
     }
-}
-
-impl Sink for AtLeastOnce {
-    fn connect(&mut self, bounds: &Bounds) -> Result<(), NotConnected> {
-        (self.connection).connect(bounds.timeout(), "reaching the cluster", |_| Ok(()))
-    }
-
-    /// A unit of deliveries, not a transaction: failures of earlier ones are settled already.
-    fn begin(&mut self, _bounds: &Bounds) -> Result<(), Failed> {
-        self.p().reset();
-        Ok(())
-    }
-
-    fn send(&mut self, record: Record<'_, '_>, bounds: &Bounds) -> Result<(), Failed> {
-        self.p().send(record, bounds)
-    }
-
-    fn settle(&mut self, bounds: &Bounds) -> bool {
-        self.p().settle(bounds)
-    }
-
-    fn take_rejections(&mut self, wait: Duration) -> Vec<Rejection> {
-        self.p().take_rejections(wait)
-    }
-
-    fn has_rejections(&self) -> bool {
-        self.p().has_rejections()
-    }
-
-    fn take_refused_routes(&mut self) -> Vec<(String, &'static str)> {
-        self.p().take_refused_routes()
-    }
-
-    fn watch_routes(&mut self, on: bool) {
-        self.p().watch_routes(on)
-    }
-
-    fn take_accepted_routes(&mut self) -> Vec<String> {
-        self.p().take_accepted_routes()
-    }
 
     /// Every output of the unit delivered, then its offsets committed.
-    fn commit(
-        &mut self,
+    fn deliver_then_commit(
+        &self,
         offsets: &[(Tp, i64)],
         group: &dyn Group,
         bounds: &Bounds,
@@ -97,10 +58,43 @@ impl Sink for AtLeastOnce {
             Failed::Abort(AbortReason::OffsetCommitFailed)
         })
     }
+}
+
+impl Sink for AtLeastOnce {
+    fn connect(&mut self, bounds: &Bounds) -> Result<(), NotConnected> {
+        (self.connection).connect(bounds.timeout(), "reaching the cluster", |_| Ok(()))
+    }
+
+    /// A unit of deliveries, not a transaction: failures of earlier ones are settled already.
+    fn begin(&mut self, watch: bool, _bounds: &Bounds) -> Result<(), Failed> {
+        self.p().reset();
+        self.p().watch_routes(watch);
+        Ok(())
+    }
+
+    fn send(&mut self, record: Record<'_, '_>, bounds: &Bounds) -> Result<(), Failed> {
+        self.p().send(record, bounds)
+    }
+
+    fn hear(&mut self, wait: Wait, bounds: &Bounds) -> Feedback {
+        self.p().hear(wait, bounds, false)
+    }
+
+    /// Every output of the unit delivered, then its offsets committed.
+    fn commit(&mut self, offsets: &[(Tp, i64)], group: &dyn Group, bounds: &Bounds) -> Reply {
+        let result = self.deliver_then_commit(offsets, group, bounds);
+        Reply {
+            result,
+            feedback: self.hear(Wait::Now, bounds),
+        }
+    }
 
     /// Nothing to abort: what was sent stays, and comes again after the rewind.
-    fn abort(&mut self, _reason: AbortReason, _bounds: &Bounds) -> Result<(), Failed> {
-        Ok(())
+    fn abort(&mut self, _reason: AbortReason, bounds: &Bounds) -> Reply {
+        Reply {
+            result: Ok(()),
+            feedback: self.hear(Wait::For(REPORTS_AFTER_ABORT), bounds),
+        }
     }
 
     fn claim(&mut self, _: &[Tp], _: &dyn Group, _: &Bounds) -> Result<Starts, Failed> {

@@ -23,7 +23,8 @@ use rdkafka::message::Headers;
 use tracing::{info, warn};
 
 use super::{
-    Bounds, Committed, Failed, Group, NotConnected, Record, Rejection, Sink, Starts, Unreadable,
+    Bounds, Committed, Failed, Feedback, Group, NotConnected, Record, Rejection, Reply, Sink,
+    Starts, Unreadable, Wait,
 };
 use crate::config::TestSwitches;
 use crate::config::db::DbConfig;
@@ -460,65 +461,9 @@ impl Database {
     }
 }
 
-impl Sink for Database {
-    fn connect(&mut self, _bounds: &Bounds) -> Result<(), NotConnected> {
-        self.db = None;
-        let db = self.open()?;
-        info!(tables = ?self.config.tables, offsets = %self.config.offsets_table, "connected to the database");
-        self.tables = db.tables().to_vec();
-        self.db = Some(db);
-        Ok(())
-    }
-
-    fn begin(&mut self, _bounds: &Bounds) -> Result<(), Failed> {
-        // The database transaction is the commit's: nothing stays open between records.
-        self.clear_unit();
-        self.rejections.clear();
-        Ok(())
-    }
-
-    fn send(&mut self, record: Record<'_, '_>, _bounds: &Bounds) -> Result<(), Failed> {
-        let Record {
-            topic, out, index, ..
-        } = record;
-        if topic == self.dlq {
-            self.copies.push(dead_letter(out));
-            return Ok(());
-        }
-        if topic != self.output {
-            return Err(Failed::Unroutable {
-                topic: topic.to_string(),
-                error: "NOT_THE_TABLE",
-            });
-        }
-        match self.change(out) {
-            Ok((op, row)) => {
-                self.ops.push(op);
-                self.rows.push((index, row));
-            }
-            Err(error) => self.rejections.push(Rejection {
-                index,
-                error,
-                named: true,
-                alone: true,
-            }),
-        }
-        Ok(())
-    }
-
-    fn settle(&mut self, _bounds: &Bounds) -> bool {
-        true
-    }
-
-    fn take_rejections(&mut self, _wait: Duration) -> Vec<Rejection> {
-        std::mem::take(&mut self.rejections)
-    }
-
-    fn has_rejections(&self) -> bool {
-        !self.rejections.is_empty()
-    }
-
-    fn commit(
+impl Database {
+    /// The unit's rows and `offsets` in one database transaction.
+    fn commit_unit(
         &mut self,
         offsets: &[(Tp, i64)],
         group: &dyn Group,
@@ -565,12 +510,80 @@ impl Sink for Database {
         self.copy_owed(group, false, offsets);
         Ok(())
     }
+}
 
-    fn abort(&mut self, _reason: AbortReason, _bounds: &Bounds) -> Result<(), Failed> {
+impl Sink for Database {
+    fn connect(&mut self, _bounds: &Bounds) -> Result<(), NotConnected> {
+        self.db = None;
+        let db = self.open()?;
+        info!(tables = ?self.config.tables, offsets = %self.config.offsets_table, "connected to the database");
+        self.tables = db.tables().to_vec();
+        self.db = Some(db);
+        Ok(())
+    }
+
+    fn begin(&mut self, _watch: bool, _bounds: &Bounds) -> Result<(), Failed> {
+        // The database transaction is the commit's: nothing stays open between records.
+        self.clear_unit();
+        self.rejections.clear();
+        Ok(())
+    }
+
+    fn send(&mut self, record: Record<'_, '_>, _bounds: &Bounds) -> Result<(), Failed> {
+        let Record {
+            topic, out, index, ..
+        } = record;
+        if topic == self.dlq {
+            self.copies.push(dead_letter(out));
+            return Ok(());
+        }
+        if topic != self.output {
+            return Err(Failed::Unroutable {
+                topic: topic.to_string(),
+                error: "NOT_THE_TABLE",
+            });
+        }
+        match self.change(out) {
+            Ok((op, row)) => {
+                self.ops.push(op);
+                self.rows.push((index, row));
+            }
+            Err(error) => self.rejections.push(Rejection {
+                index,
+                error,
+                named: true,
+                alone: true,
+            }),
+        }
+        Ok(())
+    }
+
+    /// Nothing is in flight: every row was written or refused as it was sent.
+    fn hear(&mut self, _wait: Wait, _bounds: &Bounds) -> Feedback {
+        Feedback {
+            refused: std::mem::take(&mut self.rejections),
+            settled: true,
+            ..Feedback::default()
+        }
+    }
+
+    fn commit(&mut self, offsets: &[(Tp, i64)], group: &dyn Group, bounds: &Bounds) -> Reply {
+        let result = self.commit_unit(offsets, group, bounds);
+        Reply {
+            result,
+            feedback: self.hear(Wait::Now, bounds),
+        }
+    }
+
+    fn abort(&mut self, _reason: AbortReason, bounds: &Bounds) -> Reply {
         // Nothing is open in the database between commits; a lost connection is replaced
         // here, so the rewind can read the offsets.
         self.clear_unit();
-        self.ensure()
+        let result = self.ensure();
+        Reply {
+            result,
+            feedback: self.hear(Wait::Now, bounds),
+        }
     }
 
     fn committed(
@@ -942,7 +955,7 @@ mod tests {
         out.value = Some(std::borrow::Cow::Borrowed(b"[1]".as_slice()));
         record(&mut out, &bounds, &mut db).unwrap();
         assert_eq!(db.rows.len(), 1);
-        let refused = db.take_rejections(Duration::ZERO);
+        let refused = db.hear(Wait::Now, &bounds).refused;
         assert_eq!(
             (refused[0].index, refused[0].error, refused[0].alone),
             (3, "NOT_A_JSON_OBJECT", true)

@@ -18,8 +18,8 @@ use super::offsets::CommitOffsets;
 use super::rejected::{Rejections, Source, Verdict};
 use super::routes::Routes;
 use super::{
-    Began, Bounds, Consumed, Failed, Group, Outcome, Record, SendError, Settled, Sink, Starts,
-    Unapplied, Unit,
+    Began, Bounds, Consumed, Failed, Feedback, Group, Outcome, Record, SendError, Settled, Sink,
+    Starts, Unapplied, Unit, Wait,
 };
 use crate::backoff::Backoff;
 use crate::error::Error;
@@ -63,6 +63,8 @@ pub struct Driver {
     settled: Vec<Settled>,
     /// Routes refusing the records sent there.
     routes: Routes,
+    /// What the sink said and the driver has not acted on yet.
+    heard: Feedback,
     /// An error raised where it could not be returned (a rebalance callback).
     fatal: Option<Error>,
     metrics: Arc<Metrics>,
@@ -142,31 +144,48 @@ impl Driver {
             State::RewindOwed => return Ok(Began::RewindOwed),
             State::Idle => {}
         }
-        if self.sink.stale() {
-            // A late copy of a timed-out request could land in this unit: a new epoch first.
-            self.renew(AbortReason::RequestTimedOut)?;
-        }
-        self.rejections.new_unit();
         // Lines heard after their unit ended are that unit's: a route's refusal stays known
-        // (the route's state), a denial is not this unit's.
+        // (the route's state); a denial, a refusal, a delivery is not this unit's.
+        self.hear(Wait::Now);
         self.collect_routes();
-        let _ = self.sink.take_denied(Duration::ZERO);
         let watch = self.routes.began(Instant::now());
-        self.sink.watch_routes(watch);
-        let reason = match self.sink.begin(&self.bounds) {
-            Ok(()) => {
-                self.state = State::Open(Box::new(Unit::new()));
-                return Ok(Began::Open);
+        let mut renewed = false;
+        let reason = loop {
+            match self.sink.begin(watch, &self.bounds) {
+                Ok(()) => {
+                    self.rejections.new_unit();
+                    self.heard = Feedback::default();
+                    self.state = State::Open(Box::new(Unit::new()));
+                    return Ok(Began::Open);
+                }
+                Err(Failed::Renew(reason)) if !renewed => {
+                    renewed = true;
+                    self.renew(reason)?;
+                }
+                Err(Failed::Exit(e) | Failed::Denied(e)) => return Err(e),
+                Err(
+                    Failed::Recreate(reason)
+                    | Failed::Renew(reason)
+                    | Failed::Abort(reason)
+                    | Failed::Unknown { reason, .. },
+                ) => break reason,
+                Err(Failed::TooLarge | Failed::Unroutable { .. }) => {
+                    break AbortReason::BeginFailed;
+                }
             }
-            Err(Failed::Exit(e)) => return Err(e),
-            Err(
-                Failed::Recreate(reason) | Failed::Abort(reason) | Failed::Unknown { reason, .. },
-            ) => reason,
-            Err(Failed::TooLarge | Failed::Unroutable { .. }) => AbortReason::BeginFailed,
         };
         self.failures += 1;
         self.recreate(reason)?;
         Ok(Began::RewindOwed)
+    }
+
+    /// Takes what the sink says, waiting as `wait` says first. Whether everything sent so far
+    /// was reported.
+    fn hear(&mut self, wait: Wait) -> bool {
+        let heard = self.sink.hear(wait, &self.bounds);
+        let settled = heard.settled;
+        self.heard.merge(heard);
+        settled
     }
 
     /// Nothing was read this turn (`last`: the process is stopping): between units, the sink
@@ -209,8 +228,8 @@ impl Driver {
         source: Source<'_>,
         alone: bool,
     ) -> Result<(), SendError> {
-        let flushed = alone && self.sink.settle(&self.bounds);
-        if alone && self.sink.has_rejections() {
+        let flushed = alone && self.hear(Wait::Flush);
+        if alone && !self.heard.refused.is_empty() {
             // Something sent before it was refused: learn from that first.
             return self.aborted(AbortReason::ProduceFailed);
         }
@@ -239,6 +258,7 @@ impl Driver {
             ) => self.aborted(reason),
             Err(
                 Failed::Recreate(reason)
+                | Failed::Renew(reason)
                 | Failed::Unknown {
                     reason,
                     recreate: true,
@@ -247,7 +267,7 @@ impl Driver {
                 self.fail_recreate(reason).map_err(SendError::Fatal)?;
                 Err(SendError::Aborted)
             }
-            Err(Failed::Exit(e)) => Err(SendError::Fatal(e)),
+            Err(Failed::Exit(e) | Failed::Denied(e)) => Err(SendError::Fatal(e)),
             Err(Failed::Unroutable { topic, error }) => self.unroutable_send(&topic, error),
         }
     }
@@ -260,8 +280,8 @@ impl Driver {
     /// After a record sent alone: its delivery report decides. `flushed`: nothing else was in
     /// flight when it was sent, so a refusal now is certainly its own.
     fn check_alone(&mut self, flushed: bool) -> Result<(), SendError> {
-        let alone = self.sink.settle(&self.bounds) && flushed;
-        if !self.sink.has_rejections() {
+        let alone = self.hear(Wait::Flush) && flushed;
+        if self.heard.refused.is_empty() {
             return Ok(());
         }
         self.abort_with(AbortReason::RecordRejected, alone)
@@ -282,9 +302,11 @@ impl Driver {
         };
         let started = Instant::now();
         let offsets = self.offsets.to_commit(unit, group.positions(), unapplied);
-        match self.sink.commit(&offsets, group, &self.bounds) {
+        let reply = self.sink.commit(&offsets, group, &self.bounds);
+        self.heard.merge(reply.feedback);
+        match reply.result {
             Ok(()) => Ok(self.committed_unit(offsets, started)),
-            Err(Failed::Exit(e)) if routed::topic_denied(&e) => match self.denial() {
+            Err(Failed::Denied(e)) => match self.denial() {
                 Denial::Route => {
                     self.abort(AbortReason::RouteRefused)?;
                     Ok(Outcome::Aborted)
@@ -310,7 +332,7 @@ impl Driver {
                 self.abort(AbortReason::CommitFailed)?;
                 Ok(Outcome::Aborted)
             }
-            Err(Failed::Recreate(reason)) => {
+            Err(Failed::Recreate(reason) | Failed::Renew(reason)) => {
                 self.fail_recreate(reason)?;
                 Ok(Outcome::Aborted)
             }
@@ -334,6 +356,8 @@ impl Driver {
             f(&offsets);
         }
         self.offsets.committed(offsets);
+        // A committed unit's records were all taken: nothing to learn from.
+        self.heard.refused.clear();
         self.routes.committed();
         self.failures = 0;
         self.commits += 1;
@@ -378,14 +402,16 @@ impl Driver {
             self.settled.push(Settled::Dropped);
         }
         self.failures += 1;
-        let result = self.sink.abort(reason, &self.bounds);
+        let reply = self.sink.abort(reason, &self.bounds);
+        self.heard.merge(reply.feedback);
+        let result = reply.result;
         // A unit that failed for want of a permission fails again after any retry: stop,
         // with the unit aborted if the abort went through (else the coordinator aborts it).
         // Unless a route was refused the permission: that is the route's to answer for. The
         // route's refusal is logged before the unit's (librdkafka's ADDPARTS line, then
         // TXNERR), so taking the unit's first and the route's after never sees the unit's
         // alone.
-        let denied = self.sink.take_denied(Duration::ZERO);
+        let denied = self.heard.denied.take();
         let own = self.collect_routes();
         let route_denied = self.routes.take_denied();
         if let Some(denied) = denied.filter(|_| !route_denied) {
@@ -402,7 +428,7 @@ impl Driver {
                 self.learn(alone);
                 Ok(())
             }
-            Err(Failed::Exit(e)) => {
+            Err(Failed::Exit(e) | Failed::Denied(e)) => {
                 self.aborted_event(reason, Ended::Abandoned);
                 Err(e)
             }
@@ -415,12 +441,14 @@ impl Driver {
         }
     }
 
-    /// Turns the refusals of a unit that ended without a commit into verdicts.
+    /// Turns what was heard of a unit that ended without a commit into verdicts (its
+    /// abort's feedback, or the old client's last before it is replaced).
     fn learn(&mut self, alone: bool) {
-        let rejections = self.sink.take_rejections(Duration::from_secs(1));
+        let rejections = std::mem::take(&mut self.heard.refused);
         self.collect_routes();
         // Then the unit's routes that took records (reported meanwhile) are cleared.
-        self.routes.accepted(self.sink.take_accepted_routes());
+        self.routes
+            .accepted(std::mem::take(&mut self.heard.accepted));
         self.routes.aborted();
         if self
             .rejections

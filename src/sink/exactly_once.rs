@@ -9,7 +9,7 @@ use rdkafka::producer::Producer;
 use tracing::warn;
 
 use super::producer::{Connection, TrackedProducer};
-use super::{Bounds, Failed, Group, NotConnected, Record, Rejection, Sink, Starts};
+use super::{Bounds, Failed, Feedback, Group, NotConnected, Record, Reply, Sink, Starts, Wait};
 use crate::config::SinkConfig;
 use crate::error::Error;
 use crate::error::{Action, Facts, KafkaCall, classify};
@@ -66,9 +66,14 @@ impl Sink for ExactlyOnce {
         })
     }
 
-    fn begin(&mut self, bounds: &Bounds) -> Result<(), Failed> {
+    fn begin(&mut self, watch: bool, bounds: &Bounds) -> Result<(), Failed> {
         let p = self.p();
+        if p.stale() {
+            // A late copy of a timed-out request could land in this unit: a new epoch first.
+            return Err(Failed::Renew(AbortReason::RequestTimedOut));
+        }
         p.reset();
+        p.watch_routes(watch);
         let result = {
             let _g = bounds.health.in_kafka_call("begin_transaction");
             p.inner().begin_transaction()
@@ -86,49 +91,35 @@ impl Sink for ExactlyOnce {
         self.p().send(record, bounds)
     }
 
-    fn settle(&mut self, bounds: &Bounds) -> bool {
-        self.p().settle(bounds)
+    fn hear(&mut self, wait: Wait, bounds: &Bounds) -> Feedback {
+        self.p().hear(wait, bounds, true)
     }
 
-    fn take_rejections(&mut self, wait: Duration) -> Vec<Rejection> {
-        self.p().take_rejections(wait)
+    fn commit(&mut self, offsets: &[(Tp, i64)], group: &dyn Group, bounds: &Bounds) -> Reply {
+        match commit(self.p(), offsets, group, bounds) {
+            Err(Failed::Exit(e)) if topic_denied(&e) => {
+                // librdkafka's lines say which topic: its log is served by the producer's
+                // thread, so the call can return before they are heard.
+                let denied = self.p().take_denied(HEAR_DENIAL);
+                let mut feedback = self.hear(Wait::Now, bounds);
+                feedback.denied = feedback.denied.or(denied);
+                Reply {
+                    result: Err(Failed::Denied(e)),
+                    feedback,
+                }
+            }
+            result => Reply {
+                result,
+                feedback: self.hear(Wait::Now, bounds),
+            },
+        }
     }
 
-    fn has_rejections(&self) -> bool {
-        self.p().has_rejections()
-    }
-
-    fn take_refused_routes(&mut self) -> Vec<(String, &'static str)> {
-        self.p().take_refused_routes()
-    }
-
-    fn watch_routes(&mut self, on: bool) {
-        self.p().watch_routes(on)
-    }
-
-    fn take_accepted_routes(&mut self) -> Vec<String> {
-        self.p().take_accepted_routes()
-    }
-
-    fn take_denied(&mut self, wait: Duration) -> Option<String> {
-        self.p().take_denied(wait)
-    }
-
-    fn stale(&self) -> bool {
-        self.p().stale()
-    }
-
-    fn commit(
-        &mut self,
-        offsets: &[(Tp, i64)],
-        group: &dyn Group,
-        bounds: &Bounds,
-    ) -> Result<(), Failed> {
-        commit(self.p(), offsets, group, bounds)
-    }
-
-    fn abort(&mut self, reason: AbortReason, bounds: &Bounds) -> Result<(), Failed> {
-        abort(self.p(), reason, bounds)
+    fn abort(&mut self, reason: AbortReason, bounds: &Bounds) -> Reply {
+        let result = abort(self.p(), reason, bounds);
+        // The unit's records are reported failed once it ended.
+        let feedback = self.hear(Wait::For(REPORTS_AFTER_ABORT), bounds);
+        Reply { result, feedback }
     }
 
     fn claim(&mut self, _: &[Tp], _: &dyn Group, _: &Bounds) -> Result<Starts, Failed> {
@@ -142,6 +133,19 @@ impl Sink for ExactlyOnce {
     fn refuser(&self) -> crate::transform::Refuser {
         crate::transform::Refuser::Broker
     }
+}
+
+/// How long a unit that failed for want of a permission waits to hear why (librdkafka's log
+/// lines, which its producer thread serves within milliseconds).
+const HEAR_DENIAL: Duration = Duration::from_secs(2);
+
+/// How long an abort waits for the reports of the unit's records.
+pub const REPORTS_AFTER_ABORT: Duration = Duration::from_secs(1);
+
+/// Whether `e` is the cluster refusing a topic's permission (which a route may have caused).
+fn topic_denied(e: &Error) -> bool {
+    matches!(e, Error::Unrecoverable { source, .. }
+        if source.rdkafka_error_code() == Some(RDKafkaErrorCode::TopicAuthorizationFailed))
 }
 
 /// The cluster refused the transactional id `id`: it, and the grant that lets it be used.
@@ -173,7 +177,7 @@ pub trait Transaction {
     /// Ends it with an abort.
     fn abort(&self, timeout: Duration) -> KafkaResult<()>;
     /// A request of the producer timed out and may still reach the coordinator later: no
-    /// other transaction may run on its epoch (see `Sink::stale`).
+    /// other transaction may run on its epoch (see `Failed::Renew`).
     fn timed_out(&self);
 }
 
@@ -358,7 +362,7 @@ pub fn abort(t: &impl Transaction, reason: AbortReason, bounds: &Bounds) -> Resu
 }
 
 /// A transactional call that timed out may still reach the coordinator later: the producer
-/// must not run another transaction on its epoch (see `Sink::stale`).
+/// must not run another transaction on its epoch (see `Failed::Renew`).
 fn stale_if_timed_out(t: &impl Transaction, e: &KafkaError) {
     if crate::error::timed_out(&Facts::of(e)) {
         warn!(error = %e, "a transactional request timed out; the producer is replaced before the next transaction");
@@ -471,14 +475,15 @@ mod tests {
         let bounds = Bounds::new(Arc::new(Health::default()), Duration::from_secs(10));
         let mut sink = ExactlyOnce::new(&kafka, &config);
         sink.connect(&bounds).expect("connected");
-        sink.begin(&bounds).expect("began");
+        sink.begin(false, &bounds).expect("began");
         let offsets = [(("in".to_string(), 0), 1)];
-        match sink.commit(&offsets, &consumer, &bounds) {
+        match sink.commit(&offsets, &consumer, &bounds).result {
             Err(Failed::Abort(AbortReason::NoGroupMetadata)) => {}
             Err(other) => panic!("{other:?}"),
             Ok(()) => panic!("committed offsets without a member"),
         }
         sink.abort(AbortReason::NoGroupMetadata, &bounds)
+            .result
             .expect("aborted");
     }
 }

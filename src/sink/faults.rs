@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use super::{Bounds, Failed, Group, NotConnected, Record, Rejection, Sink};
+use super::{Bounds, Failed, Feedback, Group, NotConnected, Record, Reply, Sink, Wait};
 use crate::config::{TestAborts, TestSwitches};
 use crate::events::{AbortReason, Ended};
 use crate::kafka::Tp;
@@ -57,8 +57,8 @@ impl Sink for Faults {
         self.inner.connect(bounds)
     }
 
-    fn begin(&mut self, bounds: &Bounds) -> Result<(), Failed> {
-        self.inner.begin(bounds)
+    fn begin(&mut self, watch: bool, bounds: &Bounds) -> Result<(), Failed> {
+        self.inner.begin(watch, bounds)
     }
 
     fn send(&mut self, record: Record<'_, '_>, bounds: &Bounds) -> Result<(), Failed> {
@@ -70,52 +70,19 @@ impl Sink for Faults {
         self.inner.send(record, bounds)
     }
 
-    fn settle(&mut self, bounds: &Bounds) -> bool {
-        self.inner.settle(bounds)
+    fn hear(&mut self, wait: Wait, bounds: &Bounds) -> Feedback {
+        self.inner.hear(wait, bounds)
     }
 
-    fn take_rejections(&mut self, wait: Duration) -> Vec<Rejection> {
-        self.inner.take_rejections(wait)
-    }
-
-    fn has_rejections(&self) -> bool {
-        self.inner.has_rejections()
-    }
-
-    fn take_refused_routes(&mut self) -> Vec<(String, &'static str)> {
-        self.inner.take_refused_routes()
-    }
-
-    fn watch_routes(&mut self, on: bool) {
-        self.inner.watch_routes(on)
-    }
-
-    fn take_accepted_routes(&mut self) -> Vec<String> {
-        self.inner.take_accepted_routes()
-    }
-
-    fn take_denied(&mut self, wait: Duration) -> Option<String> {
-        self.inner.take_denied(wait)
-    }
-
-    fn stale(&self) -> bool {
-        self.inner.stale()
-    }
-
-    fn commit(
-        &mut self,
-        offsets: &[(Tp, i64)],
-        group: &dyn Group,
-        bounds: &Bounds,
-    ) -> Result<(), Failed> {
+    fn commit(&mut self, offsets: &[(Tp, i64)], group: &dyn Group, bounds: &Bounds) -> Reply {
         if self.abort_this_one() {
             info!("test switch: aborting this transaction instead of committing it");
-            return Err(Failed::Abort(AbortReason::TestInjected));
+            return Reply::of(Err(Failed::Abort(AbortReason::TestInjected)));
         }
         self.inner.commit(offsets, group, bounds)
     }
 
-    fn abort(&mut self, reason: AbortReason, bounds: &Bounds) -> Result<(), Failed> {
+    fn abort(&mut self, reason: AbortReason, bounds: &Bounds) -> Reply {
         self.inner.abort(reason, bounds)
     }
 

@@ -68,52 +68,22 @@ pub trait Sink: Send {
     /// (Re)creates the client, fencing earlier incarnations. Called at start and after
     /// [`Failed::Recreate`].
     fn connect(&mut self, bounds: &Bounds) -> Result<(), NotConnected>;
-    /// Opens a unit of work.
-    fn begin(&mut self, bounds: &Bounds) -> Result<(), Failed>;
+    /// Opens a unit of work. `watch`: until the next `begin`, say which topics took records
+    /// ([`Feedback::accepted`]; the evidence that clears a refusing route: `sink::routes`).
+    /// [`Failed::Renew`]: the client must be replaced before any unit may begin on it.
+    fn begin(&mut self, watch: bool, bounds: &Bounds) -> Result<(), Failed>;
     /// Sends one record inside the open unit.
     fn send(&mut self, record: Record<'_, '_>, bounds: &Bounds) -> Result<(), Failed>;
-    /// Waits until every record sent so far is delivered or failed. Whether it got there.
-    fn settle(&mut self, bounds: &Bounds) -> bool;
-    /// The records refused for what they are since the last take, waiting up to `wait` for
-    /// outstanding reports.
-    fn take_rejections(&mut self, wait: Duration) -> Vec<Rejection>;
-    /// Whether any record was refused for what it is since the last take.
-    fn has_rejections(&self) -> bool;
-    /// Destinations that refused records since the last take for what *they* are: a topic that
-    /// does not exist, or may not be written (destination, the destination's error name).
-    fn take_refused_routes(&mut self) -> Vec<(String, &'static str)> {
-        Vec::new()
-    }
-    /// From now on (`on`) the sink keeps the topics it delivers records to, for
-    /// `take_accepted_routes`; forgets those kept so far. Called as each unit begins, on while a
-    /// route is refusing (the evidence that clears it: `sink::routes`).
-    fn watch_routes(&mut self, _on: bool) {}
-    /// The topics that took a record since `watch_routes(true)` or the last take.
-    fn take_accepted_routes(&mut self) -> Vec<String> {
-        Vec::new()
-    }
-    /// Why a unit failed for want of a permission since the last take, if one did, waiting up
-    /// to `wait` to hear it: no retry fixes that, unless the permission was a route's
-    /// (`take_refused_routes`, whose refusals are heard before the unit's denial).
-    fn take_denied(&mut self, _wait: Duration) -> Option<String> {
-        None
-    }
-    /// A request of this client timed out: a late copy of it could still land in a later
-    /// unit (Kafka before KIP-890 fences by epoch only), so no unit may begin on it: the
-    /// driver replaces it first.
-    fn stale(&self) -> bool {
-        false
-    }
+    /// What the destination said since the last report, waiting as `wait` says first.
+    fn hear(&mut self, wait: Wait, bounds: &Bounds) -> Feedback;
     /// Makes the open unit's records and the group's `offsets` (the next offset to read, per
     /// partition) durable.
-    fn commit(
-        &mut self,
-        offsets: &[(Tp, i64)],
-        group: &dyn Group,
-        bounds: &Bounds,
-    ) -> Result<(), Failed>;
-    /// Ends the open unit without committing it (`reason`: why, for the logs).
-    fn abort(&mut self, reason: AbortReason, bounds: &Bounds) -> Result<(), Failed>;
+    ///
+    /// Its feedback is what was heard meanwhile: on [`Failed::Denied`], why, and which topic.
+    fn commit(&mut self, offsets: &[(Tp, i64)], group: &dyn Group, bounds: &Bounds) -> Reply;
+    /// Ends the open unit without committing it (`reason`: why, for the logs). Its feedback is
+    /// what the destination said of the unit's records once it ended.
+    fn abort(&mut self, reason: AbortReason, bounds: &Bounds) -> Reply;
     /// What is committed for `partitions` (`None`: nothing yet): where the loop rewinds to.
     /// Kafka sinks commit into the group; a sink that keeps offsets with its outputs reads
     /// them there.
@@ -236,6 +206,67 @@ pub enum Began {
     RewindOwed,
 }
 
+/// How long [`Sink::hear`] waits before it reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// Not at all: what was said so far.
+    Now,
+    /// Up to this long for the reports of every record sent so far.
+    For(Duration),
+    /// Until every record sent so far is delivered or failed, within the call's bound.
+    Flush,
+}
+
+/// What a destination said since its last feedback: the loop learns from it (verdicts on
+/// refused records, refusing routes, why a unit was denied).
+#[derive(Debug, Default)]
+pub struct Feedback {
+    /// Records refused for what they are.
+    pub refused: Vec<Rejection>,
+    /// Destinations that refused records for what *they* are: a topic that does not exist,
+    /// or may not be written (the destination, the destination's name for the error).
+    pub routes: Vec<(String, &'static str)>,
+    /// The topics that took a record, while the unit watches ([`Sink::begin`]).
+    pub accepted: Vec<String>,
+    /// Why a unit failed for want of a permission, if one did: no retry fixes that, unless
+    /// the permission was a route's (whose refusal is in `routes` whenever this is).
+    pub denied: Option<String>,
+    /// Every record sent so far was delivered or failed when the report was made.
+    pub settled: bool,
+}
+
+impl Feedback {
+    /// `later` heard after this.
+    pub fn merge(&mut self, later: Feedback) {
+        self.refused.extend(later.refused);
+        self.routes.extend(later.routes);
+        self.accepted.extend(later.accepted);
+        if later.denied.is_some() {
+            self.denied = later.denied;
+        }
+        self.settled = later.settled;
+    }
+}
+
+/// How a commit or abort went, and what the destination said meanwhile.
+#[derive(Debug)]
+pub struct Reply {
+    /// How it went.
+    pub result: Result<(), Failed>,
+    /// What was heard.
+    pub feedback: Feedback,
+}
+
+impl Reply {
+    /// `result`, with nothing heard.
+    pub fn of(result: Result<(), Failed>) -> Reply {
+        Reply {
+            result,
+            feedback: Feedback::default(),
+        }
+    }
+}
+
 /// Why a sink call did not succeed, as the driver must react.
 #[derive(Debug)]
 pub enum Failed {
@@ -262,6 +293,13 @@ pub enum Failed {
         /// Its name for the error.
         error: &'static str,
     },
+    /// A request of this client timed out: a late copy of it could still land in a later
+    /// unit (Kafka before KIP-890 fences by epoch only), so no unit may begin on it. Nothing
+    /// was open: replace the client, then begin.
+    Renew(AbortReason),
+    /// The unit failed for want of a permission (this error, which stops the process unless
+    /// the feedback says a route was refused it: the route's failure then).
+    Denied(Error),
     /// Nothing to do at run time: stop the process.
     Exit(Error),
 }

@@ -12,7 +12,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use tracing::{debug, error, info, warn};
 
-use super::{Bounds, Failed, NotConnected, Record, Rejection};
+use super::{Bounds, Failed, Feedback, NotConnected, Record, Rejection, Wait};
 use crate::error::{Action, Facts, KafkaCall, classify, refused_route, rejected_record};
 use crate::events::AbortReason;
 use crate::kafka::{Client, NotCreated, Refusal};
@@ -111,11 +111,11 @@ pub struct DeliveryContext {
     failed: AtomicU64,
     /// Each delivery rejected for the record's own fault.
     rejections: Mutex<Vec<Rejection>>,
-    /// A request of this producer's transactions timed out (see `Sink::stale`).
+    /// A request of this producer's transactions timed out (see `Failed::Renew`).
     stale: AtomicBool,
-    /// Destinations that refused records for what they are (see `Sink::take_refused_routes`).
+    /// Destinations that refused records for what they are (a [`Feedback`]'s `routes`).
     routes: Mutex<Vec<(String, &'static str)>>,
-    /// Keep the topics deliveries reach (see `Sink::watch_routes`).
+    /// Keep the topics deliveries reach (`Sink::begin`'s `watch`).
     watching: AtomicBool,
     /// The topics deliveries reached while watching.
     accepted: Mutex<Vec<String>>,
@@ -362,7 +362,7 @@ impl TrackedProducer {
         std::mem::take(&mut *ctx.rejections.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    /// A request of this producer's transactions timed out (see `Sink::stale`).
+    /// A request of this producer's transactions timed out (see `Failed::Renew`).
     pub fn stale(&self) -> bool {
         self.inner().context().stale.load(Ordering::SeqCst)
     }
@@ -370,12 +370,6 @@ impl TrackedProducer {
     /// A transactional call of this producer timed out.
     pub fn timed_out(&self) {
         self.inner().context().stale.store(true, Ordering::SeqCst);
-    }
-
-    /// Destinations that refused records since the last take (see `Sink::take_refused_routes`).
-    pub fn take_refused_routes(&self) -> Vec<(String, &'static str)> {
-        let ctx = self.inner().context();
-        std::mem::take(&mut *ctx.routes.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Keeps the topics deliveries reach from now on (`on`), forgetting those kept so far (see
@@ -411,13 +405,25 @@ impl TrackedProducer {
         }
     }
 
-    /// Whether the broker rejected anything since the last take.
-    pub fn has_rejections(&self) -> bool {
+    /// What the producer heard since the last report, waiting as `wait` says first (`Wait::Flush`
+    /// within `bounds`). `denial`: a transactional producer's, whose units can be denied.
+    pub fn hear(&self, wait: Wait, bounds: &Bounds, denial: bool) -> Feedback {
+        let settled = match wait {
+            Wait::Now => self.wait_for_reports(Duration::ZERO),
+            Wait::For(bound) => self.wait_for_reports(bound),
+            Wait::Flush => self.settle(bounds),
+        };
+        // A route's refusal is logged before the unit's denial (librdkafka's ADDPARTS line,
+        // then TXNERR): taking the denial first and the routes after never sees it alone.
+        let denied = denial.then(|| self.take_denied(Duration::ZERO)).flatten();
         let ctx = self.inner().context();
-        !ctx.rejections
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty()
+        Feedback {
+            denied,
+            routes: std::mem::take(&mut *ctx.routes.lock().unwrap_or_else(|p| p.into_inner())),
+            refused: self.take_rejections(Duration::ZERO),
+            accepted: self.take_accepted_routes(),
+            settled,
+        }
     }
 
     /// Whether `topic` exists, as the cluster's metadata says. A topic we may not describe

@@ -15,7 +15,10 @@ use crate::metrics::Metrics;
 use crate::sink::offsets::CommitOffsets;
 use crate::sink::rejected::Rejections;
 use crate::sink::routes::Routes;
-use crate::sink::{Bounds, NotConnected, Settled, Sink};
+use crate::sink::{Bounds, Feedback, NotConnected, Settled, Sink, Wait};
+
+/// How long the reports of an old client's last records are waited for before it is replaced.
+const LAST_REPORTS: Duration = Duration::from_secs(1);
 
 impl Driver {
     /// Connects `sink`, retrying until `startup_timeout` has passed.
@@ -44,6 +47,7 @@ impl Driver {
                         unresolved: None,
                         settled: Vec::new(),
                         routes: Routes::default(),
+                        heard: Feedback::default(),
                         fatal: None,
                         metrics,
                         shutdown,
@@ -88,6 +92,7 @@ impl Driver {
         debug_assert!(!matches!(self.state, State::Open(_)));
         self.state = State::RewindOwed;
         // The old producer's reports die with it.
+        self.hear(Wait::For(LAST_REPORTS));
         self.learn(false);
         self.reconnect(reason)
     }
@@ -95,6 +100,7 @@ impl Driver {
     /// A new client in place of the old, between units: nothing is open, nothing owed.
     pub(super) fn renew(&mut self, reason: AbortReason) -> Result<(), Error> {
         debug_assert!(matches!(self.state, State::Idle));
+        self.hear(Wait::For(LAST_REPORTS));
         self.learn(false);
         self.reconnect(reason)
     }

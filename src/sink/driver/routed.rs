@@ -1,9 +1,8 @@
 //! Records routed to a destination that refuses them for what it is (`sink::routes`): the
 //! driver's part.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use rdkafka::error::RDKafkaErrorCode;
 use tracing::warn;
 
 use super::Driver;
@@ -11,10 +10,6 @@ use crate::error::Error;
 use crate::events::AbortReason;
 use crate::sink::SendError;
 use crate::sink::routes::Routes;
-
-/// How long a unit that failed for want of a permission waits to hear why (librdkafka's log
-/// lines, which its producer thread serves within milliseconds).
-const HEAR_DENIAL: Duration = Duration::from_secs(2);
 
 impl Driver {
     /// Routes refusing for `routes`' bound make their records bad ones.
@@ -28,7 +23,9 @@ impl Driver {
             return None;
         }
         // A delivery there since the unit began clears it, before a quarantine can start.
-        self.routes.accepted(self.sink.take_accepted_routes());
+        self.hear(crate::sink::Wait::Now);
+        self.routes
+            .accepted(std::mem::take(&mut self.heard.accepted));
         self.routes.unroutable(topic, Instant::now())
     }
 
@@ -57,7 +54,7 @@ impl Driver {
     pub(super) fn collect_routes(&mut self) -> Option<String> {
         let now = Instant::now();
         let mut denied = None;
-        for (topic, error) in self.sink.take_refused_routes() {
+        for (topic, error) in std::mem::take(&mut self.heard.routes) {
             if self.routes.refused(&topic, error, now) {
                 warn!(
                     topic,
@@ -72,11 +69,10 @@ impl Driver {
 
     /// A unit failed for want of a permission (`e`, an error that would stop exactly): for a
     /// route (the route's failure, which the abort takes), for the output or dead-letter
-    /// topic, or for what librdkafka did not say. The sink hears a topic's refusal before the
-    /// unit's denial but may hear both after the call returned `e`: the denial first, up to
-    /// [`HEAR_DENIAL`].
+    /// topic, or for what the destination did not say (the sink waited to hear it: its
+    /// feedback is heard).
     pub(super) fn denial(&mut self) -> Denial {
-        let _ = self.sink.take_denied(HEAR_DENIAL);
+        self.heard.denied = None;
         let own = self.collect_routes();
         match own {
             _ if self.routes.denied() => Denial::Route,
@@ -105,10 +101,4 @@ pub(super) enum Denial {
     Topic(Error),
     /// librdkafka said no topic.
     Unsaid,
-}
-
-/// Whether `e` is the cluster refusing a topic's permission (which a route may have caused).
-pub(super) fn topic_denied(e: &Error) -> bool {
-    matches!(e, Error::Unrecoverable { source, .. }
-        if source.rdkafka_error_code() == Some(RDKafkaErrorCode::TopicAuthorizationFailed))
 }
