@@ -29,9 +29,9 @@
 //!   runs these orderings over the fakes of `pipeline/fake.rs`, without a broker.
 //! - [`sink`]: where outputs go and how they become durable with the offsets: the
 //!   [`sink::Sink`] seam in exactly's own terms (connect, begin, send, commit with offsets,
-//!   abort, refused records, what is committed, partitions claimed), one file per guarantee
-//!   ([`sink::exactly_once`]: transactions; [`sink::at_least_once`]: delivery-confirmed
-//!   units; [`sink::database`]: rows of a PostgreSQL, MySQL or MariaDB table with the offsets
+//!   abort, each answered with what the destination said: refused records, refusing routes;
+//!   what is committed, partitions claimed), one file per destination ([`sink::kafka`]:
+//!   transactions, or delivery-confirmed units at least once; [`sink::database`]: rows of a PostgreSQL, MySQL or MariaDB table with the offsets
 //!   in the same database transaction, each partition claimed when assigned), the
 //!   [`sink::Driver`] that turns a sink's failures into aborts and new clients and
 //!   says when a rewind is owed, [`sink::offsets`] (what a commit sends: past transaction

@@ -1,6 +1,6 @@
 //! One exactly instance over the model: the real [`Session`] (the writer, the driver, the
 //! rewind, the dedup) with the model behind each of its seams: a sink whose commit and abort
-//! are `sink::exactly_once`'s own orderings over the model's transactions, a consumer of the
+//! are `sink::kafka::exactly_once`'s own orderings over the model's transactions, a consumer of the
 //! model's group, and the dedup's changelog in the model's topic.
 
 use std::cell::RefCell;
@@ -24,7 +24,7 @@ use crate::kafka::Tp;
 use crate::pipeline::session::{Parts, Poll};
 use crate::pipeline::writer::{Policy, Writer};
 use crate::pipeline::{Intake, Interrupt, Session};
-use crate::sink::exactly_once::{self, Transaction};
+use crate::sink::kafka::exactly_once::{self, Transaction};
 use crate::sink::{
     Bounds, Committed, Driver, Failed, Feedback, Group, NotConnected, Record, Rejection, Reply,
     SeekFailed, Sink, Starts, Wait,

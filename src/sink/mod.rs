@@ -6,9 +6,10 @@
 //! the loop rewinds to after an abort), and whether a destination exists. One file per
 //! implementation, each carrying its own state:
 //!
-//! - [`exactly_once`]: Kafka transactions. Outputs and offsets commit atomically.
-//! - [`at_least_once`]: an idempotent producer; offsets commit after every output of the unit
-//!   is delivered. A crash can duplicate outputs, never lose them.
+//! - [`kafka`]: topics, with the offsets in the consumer group: Kafka transactions
+//!   (`exactly_once`, outputs and offsets commit atomically), or an idempotent producer whose
+//!   unit's offsets commit once every output is delivered (`at_least_once`: a crash can
+//!   duplicate outputs, never lose them).
 //! - [`database`]: rows of a PostgreSQL table, and the offsets in the same database
 //!   transaction, each partition's moved by compare-and-set on its owner's epoch.
 //! - [`faults`]: testing only, failures on purpose in front of either.
@@ -27,14 +28,12 @@
 //! - after any abort, recreation or unknown commit outcome, nothing is open and a rewind is
 //!   owed; nothing begins until the loop has performed it.
 
-pub mod at_least_once;
 mod bounds;
 pub mod database;
 mod driver;
-pub mod exactly_once;
 pub mod faults;
+pub mod kafka;
 pub mod offsets;
-mod producer;
 pub mod rejected;
 pub mod routes;
 mod unit;
@@ -42,14 +41,13 @@ mod unit;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, KafkaResult};
 
 use crate::config::{Guarantee, SinkConfig, TestSwitches};
 use crate::error::{Action, Error, Facts, KafkaCall, classify};
 use crate::events::{AbortReason, Ended};
 use crate::health::Health;
-use crate::kafka::{self, Settings, Tp};
+use crate::kafka::{Settings, Tp};
 use crate::metrics::Metrics;
 use crate::records::Outgoing;
 use crate::transform::Refuser;
@@ -131,7 +129,7 @@ pub trait Sink: Send {
 /// Creates the configured sink (the test switches' in front of it, if any are set) and
 /// connects it, retrying until --startup-timeout.
 pub fn start(
-    kafka: &Settings,
+    kafka_settings: &Settings,
     config: &SinkConfig,
     test: &TestSwitches,
     health: Arc<Health>,
@@ -140,8 +138,8 @@ pub fn start(
 ) -> Result<Driver, Error> {
     let sink: Box<dyn Sink> = match (&config.db, config.guarantee) {
         (Some(db), _) => Box::new(database::Database::new(db, config, test, metrics.clone())?),
-        (None, Guarantee::ExactlyOnce) => Box::new(exactly_once::ExactlyOnce::new(kafka, config)),
-        (None, Guarantee::AtLeastOnce) => Box::new(at_least_once::AtLeastOnce::new(kafka, config)),
+        (None, Guarantee::ExactlyOnce) => Box::new(kafka::ExactlyOnce::new(kafka_settings, config)),
+        (None, Guarantee::AtLeastOnce) => Box::new(kafka::AtLeastOnce::new(kafka_settings, config)),
     };
     let sink = faults::wrap(sink, test);
     let bounds = Bounds::new(health, config.transaction_timeout);
@@ -150,7 +148,7 @@ pub fn start(
         Error::Startup(why) if config.db.is_some() => Error::Startup(why),
         Error::Startup(why) => Error::Startup(format!(
             "--bootstrap-servers {}: {why}",
-            kafka.bootstrap_servers
+            kafka_settings.bootstrap_servers
         )),
         e => e,
     })
@@ -388,7 +386,7 @@ pub trait Group {
     /// The group's generation, for a transactional offset commit (`None` before joining).
     fn metadata(&self) -> Option<rdkafka::consumer::ConsumerGroupMetadata>;
     /// This member's generation and id now (`None`: not known).
-    fn member(&self) -> Option<kafka::member::Member>;
+    fn member(&self) -> Option<crate::kafka::member::Member>;
     /// Commits `offsets` outside any transaction.
     fn commit_offsets(&self, offsets: &[(Tp, i64)]) -> KafkaResult<()>;
     /// Copies `offsets` into the group without waiting (what a sink that keeps its own
@@ -417,69 +415,6 @@ pub enum SeekFailed {
     Call(KafkaError),
     /// This partition did not move.
     Partition(Tp, KafkaError),
-}
-
-impl<X: ConsumerContext> Group for BaseConsumer<X> {
-    fn metadata(&self) -> Option<rdkafka::consumer::ConsumerGroupMetadata> {
-        self.group_metadata()
-    }
-
-    fn member(&self) -> Option<kafka::member::Member> {
-        kafka::member::of(self.client())
-    }
-
-    fn commit_offsets(&self, offsets: &[(Tp, i64)]) -> KafkaResult<()> {
-        self.commit(&kafka::offset_list(offsets)?, CommitMode::Sync)
-    }
-
-    fn copy_offsets(&self, offsets: &[(Tp, i64)]) -> KafkaResult<()> {
-        self.commit(&kafka::offset_list(offsets)?, CommitMode::Async)
-    }
-
-    fn committed(&self, partitions: &[Tp], timeout: Duration) -> KafkaResult<Committed> {
-        let tpl = self.committed_offsets(kafka::partition_list(partitions), timeout)?;
-        // A partition the broker could not answer for is no partition without an offset.
-        for e in tpl.elements() {
-            e.error()?;
-        }
-        Ok(kafka::offsets_of(&tpl))
-    }
-
-    fn positions(&self) -> Vec<(Tp, i64)> {
-        let Ok(tpl) = self.position() else {
-            return Vec::new();
-        };
-        kafka::offsets_of(&tpl)
-            .into_iter()
-            .filter_map(|(tp, pos)| Some((tp, pos?)))
-            .collect()
-    }
-
-    fn assignment(&self) -> KafkaResult<Vec<Tp>> {
-        Consumer::assignment(self).map(|tpl| kafka::partitions(&tpl))
-    }
-
-    fn pause(&self, partitions: &[Tp]) -> KafkaResult<()> {
-        Consumer::pause(self, &kafka::partition_list(partitions))
-    }
-
-    fn resume(&self, partitions: &[Tp]) -> KafkaResult<()> {
-        Consumer::resume(self, &kafka::partition_list(partitions))
-    }
-
-    fn seek(&self, offsets: &[(Tp, i64)], timeout: Duration) -> Result<(), SeekFailed> {
-        let tpl = kafka::offset_list(offsets).map_err(SeekFailed::Call)?;
-        let result = self
-            .seek_partitions(tpl, timeout)
-            .map_err(SeekFailed::Call)?;
-        for e in result.elements() {
-            if let Err(err) = e.error() {
-                let tp = (e.topic().to_string(), e.partition());
-                return Err(SeekFailed::Partition(tp, err));
-            }
-        }
-        Ok(())
-    }
 }
 
 fn unrecoverable(context: &str, source: KafkaError) -> Error {

@@ -141,7 +141,7 @@ impl Keeper {
     /// fetched their committed offsets, which waits for a previous owner's transaction that
     /// holds offsets for them to end (KIP-447, `read_committed`), so the changelog's end taken
     /// then is past everything that transaction wrote (the commit sends its offsets only once
-    /// every record is acknowledged: `sink::exactly_once::commit`).
+    /// every record is acknowledged: `sink::kafka::exactly_once::commit`).
     pub fn assigned(&mut self, partitions: &[Tp]) {
         for tp in partitions {
             self.owned.insert(tp.clone());

@@ -9,12 +9,14 @@ use rdkafka::producer::Producer;
 use tracing::warn;
 
 use super::producer::{Connection, TrackedProducer};
-use super::{Bounds, Failed, Feedback, Group, NotConnected, Record, Reply, Sink, Starts, Wait};
 use crate::config::SinkConfig;
 use crate::error::Error;
 use crate::error::{Action, Facts, KafkaCall, classify};
 use crate::events::AbortReason;
 use crate::kafka::{self, Role, Settings, Tp};
+use crate::sink::{
+    Bounds, Failed, Feedback, Group, NotConnected, Record, Reply, Sink, Starts, Wait,
+};
 
 /// A transactional producer; its transactional id fences earlier incarnations.
 pub struct ExactlyOnce {

@@ -12,10 +12,10 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use tracing::{debug, error, info, warn};
 
-use super::{Bounds, Failed, Feedback, NotConnected, Record, Rejection, Wait};
 use crate::error::{Action, Facts, KafkaCall, classify, refused_route, rejected_record};
 use crate::events::AbortReason;
 use crate::kafka::{Client, NotCreated, Refusal};
+use crate::sink::{Bounds, Failed, Feedback, NotConnected, Record, Rejection, Wait};
 
 /// A Kafka sink's producer: its settings, and the producer once connected.
 pub struct Connection {

@@ -8,10 +8,12 @@ use tracing::warn;
 
 use super::exactly_once::REPORTS_AFTER_ABORT;
 use super::producer::{Connection, TrackedProducer};
-use super::{Bounds, Failed, Feedback, Group, NotConnected, Record, Reply, Sink, Starts, Wait};
 use crate::config::SinkConfig;
 use crate::events::{AbortReason, Ended};
 use crate::kafka::{Role, Settings, Tp};
+use crate::sink::{
+    Bounds, Failed, Feedback, Group, NotConnected, Record, Reply, Sink, Starts, Wait,
+};
 
 /// An idempotent producer, and offsets committed once a unit's outputs are delivered.
 pub struct AtLeastOnce {

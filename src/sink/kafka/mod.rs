@@ -1,0 +1,17 @@
+//! The Kafka sinks: outputs to topics, offsets into the consumer group.
+//!
+//! - [`exactly_once`]: Kafka transactions. Outputs and offsets commit atomically.
+//! - [`at_least_once`]: an idempotent producer; offsets commit after every output of the unit
+//!   is delivered. A crash can duplicate outputs, never lose them.
+//!
+//! Both send through `producer`'s `TrackedProducer` (delivery reports, refusals, the lines
+//! librdkafka logs about denied topics); `group` is the [`crate::sink::Group`] of
+//! rust-rdkafka's consumer.
+
+pub mod at_least_once;
+pub mod exactly_once;
+mod group;
+mod producer;
+
+pub use at_least_once::AtLeastOnce;
+pub use exactly_once::ExactlyOnce;
