@@ -361,17 +361,14 @@ pub struct ProducerRecreated {
     /// Why the old one went.
     pub reason: AbortReason,
     /// Where outputs go: the broker (a producer) or the database (a connection).
-    pub to: transform::Refuser,
+    pub to: &'static transform::Refuser,
 }
 
 impl ProducerRecreated {
     /// Logs and counts it.
     pub fn emit(&self, m: &Metrics) {
         let reason = self.reason.as_str();
-        match self.to {
-            transform::Refuser::Broker => warn!(reason, "producer recreated"),
-            transform::Refuser::Database => warn!(reason, "database connection replaced"),
-        }
+        warn!(reason, "{}", self.to.replaced);
         m.producer_recreations.with_label_values(&[reason]).inc();
     }
 }
@@ -456,7 +453,7 @@ pub struct BadRecord<'a> {
     pub dead_letter: Option<&'a dyn std::fmt::Debug>,
     /// Where outputs go: the dead-letter copy goes to a topic (the broker's) or a table (the
     /// database's).
-    pub to: transform::Refuser,
+    pub to: &'static transform::Refuser,
 }
 
 impl BadRecord<'_> {
@@ -464,16 +461,12 @@ impl BadRecord<'_> {
     pub fn emit(&self) {
         let (topic, partition, offset) = (self.topic, self.partition, self.offset);
         let (reason, error) = (self.error.reason.as_str(), &self.error.message);
-        match (self.dead_letter, self.to) {
-            (Some(copy), transform::Refuser::Broker) => warn!(
+        match self.dead_letter {
+            Some(copy) => warn!(
                 topic, partition, offset, reason, error = %error, copy = ?copy,
-                "record to the dead-letter topic"
+                "{}", self.to.dead_letter
             ),
-            (Some(copy), transform::Refuser::Database) => warn!(
-                topic, partition, offset, reason, error = %error, copy = ?copy,
-                "record to the dead-letter table"
-            ),
-            (None, _) => warn!(topic, partition, offset, reason, error = %error, "record skipped"),
+            None => warn!(topic, partition, offset, reason, error = %error, "record skipped"),
         }
     }
 }
@@ -561,7 +554,7 @@ mod tests {
         .emit(&m);
         ProducerRecreated {
             reason: AbortReason::CommitFenced,
-            to: transform::Refuser::Broker,
+            to: &transform::Refuser::TEST,
         }
         .emit(&m);
         Rebalanced {

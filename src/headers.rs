@@ -24,10 +24,10 @@ pub const SOURCE_PARTITION: &str = "exactly.source.partition";
 pub const SOURCE_OFFSET: &str = "exactly.source.offset";
 /// Kafka's name of the error a broker rejected a copy of the record with
 /// (`MESSAGE_TOO_LARGE`, `INVALID_RECORD`, `INVALID_TIMESTAMP`, …).
-pub const ERROR_BROKER: &str = crate::transform::Refuser::Broker.header();
+pub const ERROR_BROKER: &str = "exactly.error.broker";
 /// The database sink's name of the error the database refused the record's row with
 /// (`CHECK_VIOLATION`, `UNIQUE_VIOLATION`, …).
-pub const ERROR_DATABASE: &str = crate::transform::Refuser::Database.header();
+pub const ERROR_DATABASE: &str = "exactly.error.database";
 
 /// The lineage value of output `index` of `input` (written without `fmt`: it is on every
 /// output's path).
@@ -110,7 +110,7 @@ pub fn reasons(
         });
     if let Some((by, name)) = err.refused {
         h = h.insert(Header {
-            key: by.header(),
+            key: by.header,
             value: Some(name),
         });
     }

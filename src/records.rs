@@ -548,7 +548,7 @@ mod properties {
                 }
             }
             let err = TransformError {
-                refused: Some((crate::transform::Refuser::Broker, "MESSAGE_TOO_LARGE")),
+                refused: Some((&crate::transform::Refuser::TEST, "MESSAGE_TOO_LARGE")),
                 ..TransformError::new(Reason::JqError, message)
             };
             let d = dead_letter(&input, &err, lineage, max);

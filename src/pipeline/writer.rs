@@ -35,7 +35,7 @@ pub struct Policy {
     /// The producer's message.max.bytes: larger outputs are bad records, not aborts.
     pub max_message_bytes: usize,
     /// Who refuses outputs for what they are: the broker, or the database.
-    pub refuser: Refuser,
+    pub refuser: &'static Refuser,
 }
 
 /// Writes records into the sink's open unit.

@@ -68,7 +68,7 @@ impl Instance {
             },
             lineage: true,
             max_message_bytes: 1 << 20,
-            refuser: crate::transform::Refuser::Broker,
+            refuser: &crate::sink::kafka::BROKER,
         };
         let writer = Writer::new(
             driver,
@@ -316,8 +316,11 @@ impl Sink for SimSink {
         Ok(true)
     }
 
-    fn refuser(&self) -> crate::transform::Refuser {
-        crate::transform::Refuser::Broker
+    fn destination(&self) -> crate::sink::Destination {
+        crate::sink::Destination {
+            refuser: &crate::sink::kafka::BROKER,
+            aborted: crate::events::Ended::Aborted,
+        }
     }
 }
 

@@ -23,8 +23,8 @@ use rdkafka::message::Headers;
 use tracing::{info, warn};
 
 use super::{
-    Bounds, Committed, Failed, Feedback, Group, NotConnected, Record, Rejection, Reply, Sink,
-    Starts, Unreadable, Wait,
+    Bounds, Committed, Destination, Failed, Feedback, Group, NotConnected, Record, Rejection,
+    Reply, Sink, Starts, Unreadable, Wait,
 };
 use crate::config::TestSwitches;
 use crate::config::db::DbConfig;
@@ -37,6 +37,17 @@ use crate::headers::{ERROR_REASON, LINEAGE};
 use crate::kafka::Tp;
 use crate::metrics::Metrics;
 use crate::records::Outgoing;
+use crate::transform::{Reason, Refuser};
+
+/// The database, refusing rows for what they hold (a constraint, a type).
+pub static DATABASE: Refuser = Refuser {
+    reason: Reason::RejectedByDatabase,
+    header: crate::headers::ERROR_DATABASE,
+    who: "the database",
+    refused: "the database refused a record's row; its replay sends the dead-letter copy",
+    replaced: "database connection replaced",
+    dead_letter: "record to the dead-letter table",
+};
 
 /// A partition this instance claimed: the offset it last wrote there, its epoch, and the
 /// offset the Kafka group is known to hold (its copy, for the lag tools).
@@ -692,8 +703,11 @@ impl Sink for Database {
         Ok(name == self.output || name == self.dlq)
     }
 
-    fn refuser(&self) -> crate::transform::Refuser {
-        crate::transform::Refuser::Database
+    fn destination(&self) -> Destination {
+        Destination {
+            refuser: &DATABASE,
+            aborted: crate::events::Ended::Aborted,
+        }
     }
 }
 

@@ -78,8 +78,8 @@ impl Driver {
     }
 
     /// Who refuses the sink's records for what they are.
-    pub fn refuser(&self) -> crate::transform::Refuser {
-        self.sink.refuser()
+    pub fn refuser(&self) -> &'static crate::transform::Refuser {
+        self.sink.destination().refuser
     }
 
     /// Bounds every later call by `deadline` (shutdown grace).
@@ -416,7 +416,7 @@ impl Driver {
         let route_denied = self.routes.take_denied();
         if let Some(denied) = denied.filter(|_| !route_denied) {
             let ended = match result {
-                Ok(()) => self.sink.ended(),
+                Ok(()) => self.sink.destination().aborted,
                 Err(_) => Ended::Abandoned,
             };
             self.aborted_event(reason, ended);
@@ -424,7 +424,7 @@ impl Driver {
         }
         match result {
             Ok(()) => {
-                self.aborted_event(reason, self.sink.ended());
+                self.aborted_event(reason, self.sink.destination().aborted);
                 self.learn(alone);
                 Ok(())
             }
@@ -450,10 +450,7 @@ impl Driver {
         self.routes
             .accepted(std::mem::take(&mut self.heard.accepted));
         self.routes.aborted();
-        if self
-            .rejections
-            .learn(rejections, alone, self.sink.refuser())
-        {
+        if self.rejections.learn(rejections, alone, self.refuser()) {
             // The replay sends something else for those records: progress, not an outage,
             // so the abort does not add to the back-off.
             self.failures = 0;

@@ -8,7 +8,7 @@ use tracing::{info, warn};
 
 use super::{Bounds, Failed, Feedback, Group, NotConnected, Record, Reply, Sink, Wait};
 use crate::config::{TestAborts, TestSwitches};
-use crate::events::{AbortReason, Ended};
+use crate::events::AbortReason;
 use crate::kafka::Tp;
 
 /// `sink`, behind the switches in `test` if any is set.
@@ -108,16 +108,12 @@ impl Sink for Faults {
         self.inner.exists(name, timeout)
     }
 
-    fn ended(&self) -> Ended {
-        self.inner.ended()
-    }
-
     fn idle(&mut self, group: &dyn Group, last: bool) {
         self.inner.idle(group, last)
     }
 
-    fn refuser(&self) -> crate::transform::Refuser {
-        self.inner.refuser()
+    fn destination(&self) -> super::Destination {
+        self.inner.destination()
     }
 }
 

@@ -110,20 +110,15 @@ pub trait Sink: Send {
     ) -> Result<Starts, Failed>;
     /// Whether the destination `name` (a topic) exists; an error says why that is unknown.
     fn exists(&self, name: &str, timeout: Duration) -> Result<bool, String>;
-    /// Who refuses its records for what they are (the DLQ reason and header of a copy). No
-    /// default: a sink in front of another must pass it on.
-    fn refuser(&self) -> Refuser;
+    /// What the destination is to the loop: who refuses its records, how an aborted unit
+    /// ends there. No default: a sink in front of another must pass it on.
+    fn destination(&self) -> Destination;
     /// Nothing is open and nothing was read this turn (`last`: the process is stopping): a
     /// connection that the destination closes when it is idle (MySQL's `wait_timeout`) is
     /// kept alive, so that it closes only one whose process stopped (a zombie's, and its
     /// transaction with it); a sink that keeps its own offsets brings the group's copy of them
     /// up to date (`last`: now, not at its next turn).
     fn idle(&mut self, _group: &dyn Group, _last: bool) {}
-    /// How an open unit ends when `abort` succeeds: aborted on the broker, or (at least
-    /// once) dropped, its outputs left where they are.
-    fn ended(&self) -> Ended {
-        Ended::Aborted
-    }
 }
 
 /// Creates the configured sink (the test switches' in front of it, if any are set) and
@@ -202,6 +197,17 @@ pub enum Began {
     /// Nothing is open and a rewind is owed (the client had to be replaced, or an abort
     /// came before): the record comes again after the rewind.
     RewindOwed,
+}
+
+/// What a destination is to the loop, beside where its records go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Destination {
+    /// Who refuses its records for what they are (the DLQ reason and header of a copy, and
+    /// what the logs call it).
+    pub refuser: &'static Refuser,
+    /// How an open unit ends when `abort` succeeds: aborted (a transaction), or dropped (its
+    /// outputs left where they are: at least once).
+    pub aborted: Ended,
 }
 
 /// How long [`Sink::hear`] waits before it reports.

@@ -273,31 +273,14 @@ fn certain(rejected: &[(Source<'_>, Rejection)], alone: bool) -> bool {
 /// `INVALID_RECORD`, every row a database refused, judged alone, a batch of one: the same
 /// rule as the verdicts, [`certain`]), or a batch it refused whole (the broker rejects a
 /// partition's batch: one culprit can fail a hundred records).
-fn said(rejected: &[(Source<'_>, Rejection)], by: Refuser, alone: bool) {
+fn said(rejected: &[(Source<'_>, Rejection)], by: &Refuser, alone: bool) {
     let all = certain(rejected, alone);
     let (named, together): (Vec<_>, Vec<_>) =
         (rejected.iter()).partition(|(_, r)| all || r.named || r.alone);
     for (s, r) in &named {
         let (topic, partition, offset, copy, error) =
             (s.topic, s.partition, s.offset, s.copy, r.error);
-        match by {
-            Refuser::Broker => warn!(
-                topic,
-                partition,
-                offset,
-                ?copy,
-                error,
-                "the broker rejected a record; its replay sends the dead-letter copy"
-            ),
-            Refuser::Database => warn!(
-                topic,
-                partition,
-                offset,
-                ?copy,
-                error,
-                "the database refused a record's row; its replay sends the dead-letter copy"
-            ),
-        }
+        warn!(topic, partition, offset, ?copy, error, "{}", by.refused);
     }
     let Some((s, r)) = together.first() else {
         return;
@@ -313,7 +296,7 @@ fn said(rejected: &[(Source<'_>, Rejection)], by: Refuser, alone: bool) {
         error = r.error,
         "{} rejected records together; their replay sends each alone to find which one is at \
          fault",
-        by.who()
+        by.who
     );
 }
 
@@ -353,7 +336,7 @@ impl Rejections {
     /// sends. `alone`: the last record was sent alone, so a rejection is its own; `source`
     /// says what was sent with a `TooLarge` refusal the sink itself made. Whether a verdict is
     /// new (the replay sends something else: progress, not an outage).
-    pub fn learn(&mut self, rejections: Vec<Rejection>, alone: bool, by: Refuser) -> bool {
+    pub fn learn(&mut self, rejections: Vec<Rejection>, alone: bool, by: &Refuser) -> bool {
         if rejections.is_empty() {
             self.sent.clear();
             return false;

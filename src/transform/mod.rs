@@ -389,42 +389,39 @@ pub struct TransformError {
     pub message: String,
     /// Who refused a copy of the record for what it is, and their name for the error
     /// (Kafka's `MESSAGE_TOO_LARGE`, a database's `CHECK_VIOLATION`), if one did.
-    pub refused: Option<(Refuser, &'static str)>,
+    pub refused: Option<(&'static Refuser, &'static str)>,
 }
 
-/// Who refuses records for what they are: where outputs go.
+/// Who refuses records for what they are: where outputs go. Each destination says its own
+/// (`sink::kafka::BROKER`, `sink::database::DATABASE`); what a refusal is called in a DLQ copy
+/// and in the logs comes from here.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refuser {
-    /// The Kafka broker.
-    Broker,
-    /// The database (`--db-url`).
-    Database,
+pub struct Refuser {
+    /// The DLQ reason of a record whose output it refused.
+    pub reason: Reason,
+    /// The DLQ header that carries its name for the error.
+    pub header: &'static str,
+    /// Its name in a sentence: `the broker`, `the database`.
+    pub who: &'static str,
+    /// The log line of a record it refused, whose replay sends the dead-letter copy.
+    pub refused: &'static str,
+    /// The log line of a new client in place of one that was fenced or broke.
+    pub replaced: &'static str,
+    /// The log line of a record whose dead-letter copy goes there.
+    pub dead_letter: &'static str,
 }
 
 impl Refuser {
-    /// The DLQ reason of a record whose output it refused.
-    pub const fn reason(self) -> Reason {
-        match self {
-            Refuser::Broker => Reason::RejectedByBroker,
-            Refuser::Database => Reason::RejectedByDatabase,
-        }
-    }
-
-    /// The DLQ header that carries its name for the error.
-    pub const fn header(self) -> &'static str {
-        match self {
-            Refuser::Broker => "exactly.error.broker",
-            Refuser::Database => "exactly.error.database",
-        }
-    }
-
-    /// Its name in a sentence: `the broker`, `the database`.
-    pub fn who(self) -> &'static str {
-        match self {
-            Refuser::Broker => "the broker",
-            Refuser::Database => "the database",
-        }
-    }
+    /// For the tests of the layers below the sinks (the broker's words).
+    #[cfg(test)]
+    pub const TEST: Refuser = Refuser {
+        reason: Reason::RejectedByBroker,
+        header: "exactly.error.broker",
+        who: "the broker",
+        refused: "the broker rejected a record",
+        replaced: "producer recreated",
+        dead_letter: "record to the dead-letter topic",
+    };
 }
 
 impl TransformError {
@@ -441,12 +438,12 @@ impl TransformError {
     }
 
     /// `by` refused an output of the record with `error` (its name for the error).
-    pub fn rejected(by: Refuser, error: &'static str) -> Self {
+    pub fn rejected(by: &'static Refuser, error: &'static str) -> Self {
         TransformError {
             refused: Some((by, error)),
             ..TransformError::new(
-                by.reason(),
-                format!("{} refused an output of this record: {error}", by.who()),
+                by.reason,
+                format!("{} refused an output of this record: {error}", by.who),
             )
         }
     }

@@ -130,7 +130,7 @@ impl Driver {
             }
             match self.sink.connect(&self.bounds) {
                 Ok(()) => {
-                    let to = self.sink.refuser();
+                    let to = self.refuser();
                     ProducerRecreated { reason, to }.emit(&self.metrics);
                     if was_ready && !self.shutdown.is_cancelled() {
                         health.set_ready(true);

@@ -12,7 +12,7 @@ use crate::config::SinkConfig;
 use crate::events::{AbortReason, Ended};
 use crate::kafka::{Role, Settings, Tp};
 use crate::sink::{
-    Bounds, Failed, Feedback, Group, NotConnected, Record, Reply, Sink, Starts, Wait,
+    Bounds, Destination, Failed, Feedback, Group, NotConnected, Record, Reply, Sink, Starts, Wait,
 };
 
 /// An idempotent producer, and offsets committed once a unit's outputs are delivered.
@@ -107,11 +107,11 @@ impl Sink for AtLeastOnce {
         self.p().topic_exists(name, timeout)
     }
 
-    fn refuser(&self) -> crate::transform::Refuser {
-        crate::transform::Refuser::Broker
-    }
-
-    fn ended(&self) -> Ended {
-        Ended::Dropped
+    /// A unit is dropped, not aborted: its outputs stay where they are.
+    fn destination(&self) -> Destination {
+        Destination {
+            refuser: &super::BROKER,
+            aborted: Ended::Dropped,
+        }
     }
 }

@@ -15,7 +15,7 @@ use crate::error::{Action, Facts, KafkaCall, classify};
 use crate::events::AbortReason;
 use crate::kafka::{self, Role, Settings, Tp};
 use crate::sink::{
-    Bounds, Failed, Feedback, Group, NotConnected, Record, Reply, Sink, Starts, Wait,
+    Bounds, Destination, Failed, Feedback, Group, NotConnected, Record, Reply, Sink, Starts, Wait,
 };
 
 /// A transactional producer; its transactional id fences earlier incarnations.
@@ -132,8 +132,11 @@ impl Sink for ExactlyOnce {
         self.p().topic_exists(name, timeout)
     }
 
-    fn refuser(&self) -> crate::transform::Refuser {
-        crate::transform::Refuser::Broker
+    fn destination(&self) -> Destination {
+        Destination {
+            refuser: &super::BROKER,
+            aborted: crate::events::Ended::Aborted,
+        }
     }
 }
 

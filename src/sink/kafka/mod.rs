@@ -15,3 +15,15 @@ mod producer;
 
 pub use at_least_once::AtLeastOnce;
 pub use exactly_once::ExactlyOnce;
+
+use crate::transform::{Reason, Refuser};
+
+/// The broker, rejecting records for what they are (their size, their bytes, their timestamp).
+pub static BROKER: Refuser = Refuser {
+    reason: Reason::RejectedByBroker,
+    header: crate::headers::ERROR_BROKER,
+    who: "the broker",
+    refused: "the broker rejected a record; its replay sends the dead-letter copy",
+    replaced: "producer recreated",
+    dead_letter: "record to the dead-letter topic",
+};
