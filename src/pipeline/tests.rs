@@ -601,6 +601,50 @@ fn a_route_that_took_a_record_in_the_open_unit_is_not_quarantined_in_it() {
     assert_eq!(b.lineages("out.dlq"), lineages(&[]));
 }
 
+/// A refusal heard in the middle of a unit (the driver asks after a refusing route) is the
+/// unit's: it does not commit, whatever the sink itself remembers (the fake, like the
+/// database sink, forgets a refusal once it reported it). A review found the database sink
+/// committing a refused record's offset without its row or its dead-letter copy.
+#[test]
+fn a_refusal_heard_in_the_middle_of_a_unit_keeps_it_from_committing() {
+    let app = Answers::default();
+    let bound = Duration::from_millis(300);
+    let mut core = Core::routed(every(6), calls_of(6), &app, bound);
+    core.broker().fill(("in", 0), 0, 6, &[3]);
+    core.broker().refuse = Some(b"poison".to_vec());
+    core.broker().missing = vec!["nowhere".into()];
+    core.assign(("in", 0), 0);
+    let route = |r: &crate::transform::OwnedRecord| {
+        let topic = [1, 4].contains(&r.offset).then(|| "nowhere".to_string());
+        (topic, r.value.clone().unwrap_or_default())
+    };
+    for _ in 0..6 {
+        core.turn();
+    }
+    // The first unit: 1's route refuses (abort); its replay: 1 is the record's fault, 3 is
+    // refused, then 4 asks after the route (heard: 3's refusal), then the unit ends.
+    app.answer_with(0, route);
+    core.run(10);
+    std::thread::sleep(bound); // the route has refused for the bound: quarantined
+    for _ in 0..4 {
+        for i in 1..app.calls() {
+            app.answer_with(i, route);
+        }
+        core.run(10);
+    }
+    core.finish();
+    let b = core.broker();
+    assert_eq!(b.lineages("out"), lineages(&[(0, 0), (0, 2), (0, 5)]));
+    assert_eq!(b.lineages("out.dlq"), lineages(&[(0, 1), (0, 3), (0, 4)]));
+    let reasons: Vec<_> = (b.outputs.iter().filter(|o| o.topic == "out.dlq"))
+        .map(|o| o.reason.as_deref().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        reasons,
+        ["route_refused", "rejected_by_broker", "route_refused"]
+    );
+}
+
 #[test]
 fn shutdown_commits_what_was_answered_within_the_grace() {
     let (app, mut core) = two_calls_out();

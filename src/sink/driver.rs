@@ -144,13 +144,14 @@ impl Driver {
             State::RewindOwed => return Ok(Began::RewindOwed),
             State::Idle => {}
         }
-        // Lines heard after their unit ended are that unit's: a route's refusal stays known
-        // (the route's state); a denial, a refusal, a delivery is not this unit's.
-        self.hear(Wait::Now);
-        self.collect_routes();
-        let watch = self.routes.began(Instant::now());
         let mut renewed = false;
         let reason = loop {
+            // Lines heard after their unit ended are that unit's: a route's refusal stays known
+            // (the route's state); a denial, a refusal, a delivery is not this unit's. Again
+            // after a new client: the old one's last lines are heard as it goes.
+            self.hear(Wait::Now);
+            self.collect_routes();
+            let watch = self.routes.began(Instant::now());
             match self.sink.begin(watch, &self.bounds) {
                 Ok(()) => {
                     self.rejections.new_unit();
@@ -300,6 +301,12 @@ impl Driver {
         let State::Open(unit) = &self.state else {
             return Ok(Outcome::Empty);
         };
+        if !self.heard.refused.is_empty() {
+            // Heard before the commit (a route asked about mid-unit): a record of the unit was
+            // refused, so the unit cannot commit without it, whatever the sink remembers.
+            self.abort(AbortReason::RecordRejected)?;
+            return Ok(Outcome::Aborted);
+        }
         let started = Instant::now();
         let offsets = self.offsets.to_commit(unit, group.positions(), unapplied);
         let reply = self.sink.commit(&offsets, group, &self.bounds);
