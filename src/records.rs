@@ -24,6 +24,9 @@ pub struct Outgoing<'a> {
     pub value: Option<Cow<'a, [u8]>>,
     /// Headers, lineage included.
     pub headers: OwnedHeaders,
+    /// The lineage it carries (`input/partition/offset/index`), if it carries one: a
+    /// destination without headers keeps it in its own terms.
+    pub lineage: Option<String>,
 }
 
 /// librdkafka's worst-case framing of one record (`RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD`: length,
@@ -92,6 +95,7 @@ pub fn outputs<'a>(
             partition: o.partition,
             key: o.key,
             value: o.value,
+            lineage: l,
         };
         let size = out.size();
         if size > max_message_bytes {
@@ -120,6 +124,7 @@ pub fn own(o: OutputRecord<'static>) -> Outgoing<'static> {
         partition: o.partition,
         key: o.key,
         value: o.value,
+        lineage: None,
     }
 }
 
@@ -140,6 +145,7 @@ pub fn dead_letter<'a>(
         key: input.key.map(Cow::Borrowed),
         value: input.value.map(Cow::Borrowed),
         headers: headers::dlq(input, err, l.as_deref()),
+        lineage: l.clone(),
     };
     if full.size() <= max_message_bytes {
         return full;
@@ -176,6 +182,7 @@ fn bare<'a>(
         key,
         value: None,
         headers,
+        lineage: lineage.map(str::to_string),
     }
 }
 
@@ -241,6 +248,7 @@ mod tests {
             key: key.map(Cow::Borrowed),
             value: value.map(Cow::Borrowed),
             headers: OwnedHeaders::new(),
+            lineage: None,
         };
         let a = out(Some(b"k"), Some(b"a value of some length, 1"));
         let fp = a.fingerprint("out");
@@ -339,6 +347,7 @@ mod tests {
             key: key.map(|n| Cow::Borrowed(&bytes[..n])),
             value: None,
             headers: h.clone(),
+            lineage: None,
         };
         let fixed = probe.size();
         for slack in -3i64..=3 {
@@ -543,6 +552,7 @@ mod properties {
                             &crate::transform::OutputHeaders::Input,
                             lineage.then(|| headers::lineage(&input, 0)).as_deref(),
                         ),
+                        lineage: None,
                     };
                     prop_assert!(!librdkafka_takes(&out, max));
                 }

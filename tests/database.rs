@@ -312,7 +312,9 @@ fn mysql_rows_and_offsets_commit_together_across_kill_9_and_the_group_gets_a_cop
 }
 
 fn refused_rows_to_the_dead_letter_table(backend: Backend) {
-    // n % 100 = 7 breaks a CHECK; a `d` that is no number is no bigint; n = 5 is no object.
+    // n % 100 = 7 breaks a CHECK; a `d` that is no number is no bigint; n = 5 is no object;
+    // n = 11's row is larger than the producer's message.max.bytes, which is Kafka's limit,
+    // not the database's.
     let columns = append_only(backend).replace(
         "n bigint NOT NULL",
         "n bigint NOT NULL CHECK (n % 100 <> 7)",
@@ -321,7 +323,11 @@ fn refused_rows_to_the_dead_letter_table(backend: Backend) {
         "n BIGINT NOT NULL",
         "n BIGINT NOT NULL CHECK (n % 100 <> 7)",
     );
-    let jq = "if .n == 5 then .n else {n, doubled: .d} end";
+    let columns = columns
+        .replace("lineage text", "note text, lineage text")
+        .replace("lineage VARCHAR(255)", "note TEXT, lineage VARCHAR(255)");
+    let jq = "if .n == 5 then .n else {n, doubled: .d, note} end";
+    let long = "x".repeat(3000);
     let p = Pipeline::with(backend, "db-bad", 2, &columns, jq);
     let total = 300;
     let inputs: Vec<In> = (0..total)
@@ -331,15 +337,16 @@ fn refused_rows_to_the_dead_letter_table(backend: Backend) {
             } else {
                 serde_json::json!(i * 2)
             };
+            let note = (i == 11).then_some(long.as_str());
             In::json(
                 i as i32 % 2,
                 &format!("k{i}"),
-                serde_json::json!({"n": i, "d": d}),
+                serde_json::json!({"n": i, "d": d, "note": note}),
             )
         })
         .collect();
     produce(&p.topics.input, &inputs);
-    let mut ex = p.start("a", &[]);
+    let mut ex = p.start("a", &["--producer-config", "message.max.bytes=2000"]);
     p.wait_committed(total, Duration::from_secs(60), &[&ex]);
     ex.stop_cleanly();
     database_words(&ex, &p.table, backend);
@@ -352,6 +359,15 @@ fn refused_rows_to_the_dead_letter_table(backend: Backend) {
     let listed = bad.map(|n| n.to_string()).join(",");
     let written_bad = sql.count(&format!("SELECT count(*) FROM {t} WHERE n IN ({listed})"));
     assert_eq!(written_bad, 0);
+    let length = match backend {
+        Backend::Postgres => "length(note)",
+        Backend::Mysql => "CHAR_LENGTH(note)",
+    };
+    let long_row = sql.count(&format!("SELECT {length} FROM {t} WHERE n = 11"));
+    assert_eq!(
+        long_row, 3000,
+        "a row longer than Kafka's limit is the database's to take"
+    );
     // Each bad input's copy once, with why.
     let text = match backend {
         Backend::Postgres => "convert_from(value, 'UTF8'), reason, headers::text",

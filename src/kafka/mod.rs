@@ -527,6 +527,11 @@ impl std::fmt::Display for NotCreated {
 impl std::error::Error for NotCreated {}
 
 impl Client {
+    /// The value of `key` as this client is configured, if it is set.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.config.get(key)
+    }
+
     fn set(&mut self, key: &str, value: impl Into<String>, origin: Origin) {
         self.config.set(key, value);
         self.origins.insert(key.to_string(), origin);

@@ -352,6 +352,7 @@ impl Sink for FakeSink {
         crate::sink::Destination {
             refuser: &crate::sink::kafka::BROKER,
             aborted: crate::events::Ended::Aborted,
+            max_record_bytes: 1 << 20,
         }
     }
 }

@@ -95,12 +95,14 @@ fn session(
     // The lag counts from what is committed.
     let committed = positions.clone();
     driver.on_commit(move |offsets| committed.committed(offsets));
+    check_topics(&driver, config)?;
+    let destination = driver.destination();
     let policy = Policy {
         output_topic: config.sink.output_topic.clone(),
         errors: config.errors.clone(),
         lineage: config.lineage,
-        max_message_bytes: check_topics(&driver, config)?,
-        refuser: driver.refuser(),
+        max_message_bytes: destination.max_record_bytes,
+        refuser: destination.refuser,
     };
     let writer = Writer::new(
         driver,
@@ -441,8 +443,8 @@ fn input_record<'a>(msg: &'a BorrowedMessage<'a>) -> InputRecord<'a> {
     }
 }
 
-/// The output (and DLQ) topics must exist; returns the producer's message.max.bytes.
-fn check_topics(driver: &Driver, config: &Config) -> Result<usize, Error> {
+/// The output (and DLQ) topics must exist.
+fn check_topics(driver: &Driver, config: &Config) -> Result<(), Error> {
     let mut needed = vec![("--output-topic", config.sink.output_topic.as_str())];
     if config.errors.on_error == OnError::Dlq {
         needed.push(("--dlq-topic", config.errors.dlq_topic.as_str()));
@@ -462,11 +464,5 @@ fn check_topics(driver: &Driver, config: &Config) -> Result<usize, Error> {
             )));
         }
     }
-    let max = config
-        .kafka
-        .to_rdkafka(Role::Idempotent)
-        .get("message.max.bytes")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1_000_000);
-    Ok(max)
+    Ok(())
 }

@@ -21,7 +21,7 @@ use crate::metrics::{Metrics, RecordCounters};
 use crate::records::{self, Outgoing};
 use crate::sink::rejected::{Form, Source, Verdict};
 use crate::sink::routes::Routes;
-use crate::sink::{Began, Consumed, Driver, SendError};
+use crate::sink::{Began, Consumed, Content, Driver, SendError};
 use crate::transform::{Failure, Fate, InputRecord, OutputRecord, Reason, Refuser, TransformError};
 
 /// What the record path must know.
@@ -161,7 +161,7 @@ impl Writer {
                 copy: Form::Output,
                 fingerprint: o.fingerprint(topic),
             };
-            match self.driver.send(topic, &mut o, None, source, false) {
+            match (self.driver).send(topic, &mut o, None, (source, Content::Output), false) {
                 Ok(()) => self.counters.produced(&self.metrics, topic).inc(),
                 Err(SendError::Aborted) => return Ok(()),
                 Err(SendError::Fatal(e)) => return Err(e),
@@ -298,8 +298,13 @@ impl Writer {
                 fingerprint: o.fingerprint(topic),
                 ..source
             };
-            self.driver
-                .send(topic, &mut o, input.timestamp, source, alone)?;
+            self.driver.send(
+                topic,
+                &mut o,
+                input.timestamp,
+                (source, Content::Output),
+                alone,
+            )?;
             self.counters.produced(&self.metrics, topic).inc();
         }
         Ok(())
@@ -341,7 +346,10 @@ impl Writer {
                 self.driver.dead_lettered(err.reason);
                 let dlq = &self.policy.errors.dlq_topic;
                 let source = source(input, copy);
-                Ok(self.driver.send(dlq, &mut d, timestamp, source, alone))
+                let kind = Content::DeadLetter(err.reason);
+                Ok(self
+                    .driver
+                    .send(dlq, &mut d, timestamp, (source, kind), alone))
             }
             OnError::Skip => {
                 BadRecord {

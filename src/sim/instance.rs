@@ -320,6 +320,7 @@ impl Sink for SimSink {
         crate::sink::Destination {
             refuser: &crate::sink::kafka::BROKER,
             aborted: crate::events::Ended::Aborted,
+            max_record_bytes: 1 << 20,
         }
     }
 }

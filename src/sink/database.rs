@@ -23,8 +23,8 @@ use rdkafka::message::Headers;
 use tracing::{info, warn};
 
 use super::{
-    Bounds, Committed, Destination, Failed, Feedback, Group, NotConnected, Record, Rejection,
-    Reply, Sink, Starts, Unreadable, Wait,
+    Bounds, Committed, Content, Destination, Failed, Feedback, Group, NotConnected, Record,
+    Rejection, Reply, Sink, Starts, Unreadable, Wait,
 };
 use crate::config::TestSwitches;
 use crate::config::db::DbConfig;
@@ -33,7 +33,6 @@ use crate::db::{
 };
 use crate::error::Error;
 use crate::events::{AbortReason, DatabaseCommitted, DatabaseFailed, PartitionsFenced, RowRefused};
-use crate::headers::{ERROR_REASON, LINEAGE};
 use crate::kafka::Tp;
 use crate::metrics::Metrics;
 use crate::records::Outgoing;
@@ -285,10 +284,9 @@ impl Database {
         if how != Write::Insert && self.tables.get(table).is_some_and(|t| t.key.is_empty()) {
             return Err("NO_PRIMARY_KEY");
         }
-        let lineage = header(out, LINEAGE);
         let lineage = match how {
             Write::Delete => None,
-            _ => (self.config.lineage_column.as_deref()).map(|c| (c, lineage.as_deref())),
+            _ => (self.config.lineage_column.as_deref()).map(|c| (c, out.lineage.as_deref())),
         };
         let row = db::row_text(row, lineage).ok_or("NOT_A_JSON_OBJECT")?;
         Ok(((table, how), row))
@@ -542,10 +540,14 @@ impl Sink for Database {
 
     fn send(&mut self, record: Record<'_, '_>, _bounds: &Bounds) -> Result<(), Failed> {
         let Record {
-            topic, out, index, ..
+            topic,
+            out,
+            index,
+            kind,
+            ..
         } = record;
-        if topic == self.dlq {
-            self.copies.push(dead_letter(out));
+        if let Content::DeadLetter(reason) = kind {
+            self.copies.push(dead_letter(out, reason));
             return Ok(());
         }
         if topic != self.output {
@@ -707,6 +709,7 @@ impl Sink for Database {
         Destination {
             refuser: &DATABASE,
             aborted: crate::events::Ended::Aborted,
+            max_record_bytes: usize::MAX,
         }
     }
 }
@@ -738,30 +741,21 @@ fn write_changes(
     Err(Unwritten::Rows(refused))
 }
 
-/// The last value of header `name` as text (exactly's own come after the input's).
-fn header(out: &Outgoing<'_>, name: &str) -> Option<String> {
-    (out.headers.iter())
-        .filter(|h| h.key == name)
-        .last()
-        .and_then(|h| h.value)
-        .map(text)
-}
-
 /// Bytes as text PostgreSQL takes: invalid UTF-8 and NUL (which no text or jsonb holds)
 /// replaced by U+FFFD.
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).replace('\0', "\u{FFFD}")
 }
 
-/// The dead-letter copy of `out`: key and value as they are, the headers in order as
-/// `[name, value]` pairs of text.
-fn dead_letter(out: &Outgoing<'_>) -> DeadLetter {
+/// The dead-letter copy of `out`, there for `reason`: key and value as they are, the headers
+/// in order as `[name, value]` pairs of text.
+fn dead_letter(out: &Outgoing<'_>, reason: Reason) -> DeadLetter {
     let headers: Vec<serde_json::Value> = (out.headers.iter())
         .map(|h| serde_json::json!([text(h.key.as_bytes()), h.value.map(text)]))
         .collect();
     DeadLetter {
-        reason: header(out, ERROR_REASON),
-        lineage: header(out, LINEAGE),
+        reason: Some(reason.as_str().to_string()),
+        lineage: out.lineage.clone(),
         key: out.key.as_deref().map(<[u8]>::to_vec),
         value: out.value.as_deref().map(<[u8]>::to_vec),
         headers: serde_json::Value::Array(headers).to_string(),
@@ -774,6 +768,7 @@ mod tests {
 
     #[test]
     fn dead_letter_headers_keep_their_order_and_lose_only_what_no_text_holds() {
+        use crate::headers::ERROR_REASON;
         use rdkafka::message::{Header, OwnedHeaders};
         let headers = OwnedHeaders::new()
             .insert(Header {
@@ -798,9 +793,10 @@ mod tests {
             key: None,
             value: Some(std::borrow::Cow::Borrowed(b"v")),
             headers,
+            lineage: None,
         };
-        let d = dead_letter(&out);
-        assert_eq!(d.reason.as_deref(), Some("transform_error"));
+        let d = dead_letter(&out, Reason::JqError);
+        assert_eq!(d.reason.as_deref(), Some("jq_error"));
         let parsed: serde_json::Value = serde_json::from_str(&d.headers).unwrap();
         assert_eq!(parsed[1], serde_json::json!(["nul", "a\u{FFFD}b\u{FFFD}"]));
         assert_eq!(parsed[2], serde_json::json!(["none", null]));
@@ -933,7 +929,7 @@ mod tests {
 
     #[test]
     fn a_row_keeps_every_digit_of_its_numbers_and_takes_its_lineage() {
-        use rdkafka::message::{Header, OwnedHeaders};
+        use rdkafka::message::OwnedHeaders;
         let mut db = sink(Some("lineage"));
         let bounds = Bounds::new(Default::default(), Duration::from_secs(1));
         let value = br#"{"id": 123456789012345678901234567890, "amount": 1.10, "lineage": "x"}"#;
@@ -942,10 +938,8 @@ mod tests {
             partition: None,
             key: None,
             value: Some(std::borrow::Cow::Borrowed(value.as_slice())),
-            headers: OwnedHeaders::new().insert(Header {
-                key: LINEAGE,
-                value: Some("in/0/7/0".as_bytes()),
-            }),
+            headers: OwnedHeaders::new(),
+            lineage: Some("in/0/7/0".into()),
         };
         let record = |out: &mut Outgoing<'static>, bounds: &Bounds, db: &mut Database| {
             let r = Record {
@@ -953,6 +947,7 @@ mod tests {
                 out,
                 timestamp: None,
                 index: 3,
+                kind: Content::Output,
             };
             db.send(r, bounds)
         };
@@ -974,22 +969,35 @@ mod tests {
             (refused[0].index, refused[0].error, refused[0].alone),
             (3, "NOT_A_JSON_OBJECT", true)
         );
-        // Anything addressed elsewhere is no row of this table.
-        let elsewhere = Record {
-            topic: "other",
+        // Anything addressed elsewhere is no row of this table, the dead-letter topic's name
+        // included: a dead letter is told by what it is, wherever it is addressed.
+        for (topic, kind) in [("other", Content::Output), ("rows.dlq", Content::Output)] {
+            let elsewhere = Record {
+                topic,
+                out: &mut out,
+                timestamp: None,
+                index: 4,
+                kind,
+            };
+            let sent = db.send(elsewhere, &bounds);
+            assert!(matches!(sent, Err(Failed::Unroutable { .. })), "{topic}");
+        }
+        let letter = Record {
+            topic: "anywhere",
             out: &mut out,
             timestamp: None,
-            index: 4,
+            index: 5,
+            kind: Content::DeadLetter(Reason::JqError),
         };
-        assert!(matches!(
-            db.send(elsewhere, &bounds),
-            Err(Failed::Unroutable { .. })
-        ));
+        db.send(letter, &bounds).unwrap();
+        let copy = &db.copies[0];
+        assert_eq!(copy.reason.as_deref(), Some("jq_error"));
+        assert_eq!(copy.lineage.as_deref(), Some("in/0/7/0"));
     }
 
     #[test]
     fn envelopes_name_their_table_and_operation_and_a_bad_one_is_the_records_fault() {
-        use rdkafka::message::{Header, OwnedHeaders};
+        use rdkafka::message::OwnedHeaders;
         let mut db = sink(Some("lineage"));
         db.config.envelope = true;
         db.config.tables = vec!["orders".into(), "lines".into(), "log".into()];
@@ -1004,10 +1012,8 @@ mod tests {
                 partition: None,
                 key: None,
                 value: Some(std::borrow::Cow::Owned(value.as_bytes().to_vec())),
-                headers: OwnedHeaders::new().insert(Header {
-                    key: LINEAGE,
-                    value: Some("in/0/7/0".as_bytes()),
-                }),
+                headers: OwnedHeaders::new(),
+                lineage: Some("in/0/7/0".into()),
             };
             db.change(&out)
         };

@@ -18,8 +18,8 @@ use super::offsets::CommitOffsets;
 use super::rejected::{Rejections, Source, Verdict};
 use super::routes::Routes;
 use super::{
-    Began, Bounds, Consumed, Failed, Feedback, Group, Outcome, Record, SendError, Settled, Sink,
-    Starts, Unapplied, Unit, Wait,
+    Began, Bounds, Consumed, Content, Failed, Feedback, Group, Outcome, Record, SendError, Settled,
+    Sink, Starts, Unapplied, Unit, Wait,
 };
 use crate::backoff::Backoff;
 use crate::error::Error;
@@ -80,6 +80,11 @@ impl Driver {
     /// Who refuses the sink's records for what they are.
     pub fn refuser(&self) -> &'static crate::transform::Refuser {
         self.sink.destination().refuser
+    }
+
+    /// What the destination is to the loop.
+    pub fn destination(&self) -> super::Destination {
+        self.sink.destination()
     }
 
     /// Bounds every later call by `deadline` (shutdown grace).
@@ -226,7 +231,7 @@ impl Driver {
         topic: &str,
         out: &mut Outgoing<'_>,
         timestamp: Option<i64>,
-        source: Source<'_>,
+        (source, kind): (Source<'_>, Content),
         alone: bool,
     ) -> Result<(), SendError> {
         let flushed = alone && self.hear(Wait::Flush);
@@ -241,6 +246,7 @@ impl Driver {
             out,
             timestamp,
             index,
+            kind,
         };
         match self.sink.send(record, &self.bounds) {
             Ok(()) if alone => self.check_alone(flushed),

@@ -208,6 +208,10 @@ pub struct Destination {
     /// How an open unit ends when `abort` succeeds: aborted (a transaction), or dropped (its
     /// outputs left where they are: at least once).
     pub aborted: Ended,
+    /// The largest record it takes, as [`Outgoing::size`] counts it (Kafka's producer:
+    /// message.max.bytes): a larger output is its record's fault, and a larger dead-letter
+    /// copy is cut down. `usize::MAX`: no limit of its own (a database row).
+    pub max_record_bytes: usize,
 }
 
 /// How long [`Sink::hear`] waits before it reports.
@@ -385,6 +389,18 @@ pub struct Record<'a, 'b> {
     pub timestamp: Option<i64>,
     /// Index in the open unit's [`rejected::SentLog`].
     pub index: usize,
+    /// What it is: an output, or a dead letter.
+    pub kind: Content,
+}
+
+/// What a record is to its destination, beside its bytes: a destination that keeps dead
+/// letters apart (a table) tells them by this, never by where they are addressed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Content {
+    /// An output of an input, or the transform's own.
+    Output,
+    /// The dead-letter copy of an input that could not go out, and why.
+    DeadLetter(crate::transform::Reason),
 }
 
 /// The consumer group, as the sink and the rewind see it: Kafka's, since membership is.

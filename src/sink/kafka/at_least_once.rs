@@ -112,6 +112,7 @@ impl Sink for AtLeastOnce {
         Destination {
             refuser: &super::BROKER,
             aborted: Ended::Dropped,
+            max_record_bytes: self.connection.max_record_bytes(),
         }
     }
 }

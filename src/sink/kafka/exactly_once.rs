@@ -136,6 +136,7 @@ impl Sink for ExactlyOnce {
         Destination {
             refuser: &super::BROKER,
             aborted: crate::events::Ended::Aborted,
+            max_record_bytes: self.connection.max_record_bytes(),
         }
     }
 }

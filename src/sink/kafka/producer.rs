@@ -39,6 +39,14 @@ impl Connection {
         }
     }
 
+    /// The producer's message.max.bytes (librdkafka's default unless set): the largest record
+    /// it takes.
+    pub fn max_record_bytes(&self) -> usize {
+        (self.client.get("message.max.bytes"))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1_000_000)
+    }
+
     /// A new producer, which replaces the old one once the cluster accepted it and `init`
     /// (`context`) succeeded; the old one stays if anything fails. Waits up to `timeout` for
     /// the cluster, and gives up at once if it refuses the producer.
@@ -266,11 +274,13 @@ impl TrackedProducer {
 
     /// Sends one record, waiting while the local queue is full.
     pub fn send(&self, r: Record<'_, '_>, bounds: &Bounds) -> Result<(), Failed> {
+        // A dead letter is a record like any other on a topic: its headers say what it is.
         let Record {
             topic,
             out,
             timestamp,
             index,
+            kind: _,
         } = r;
         let mut headers = std::mem::take(&mut out.headers);
         let mut refreshed = false;
@@ -489,12 +499,14 @@ mod tests {
                 key: None,
                 value: Some(Cow::Borrowed(&b"v"[..])),
                 headers: OwnedHeaders::new(),
+                lineage: None,
             };
             let record = Record {
                 topic,
                 out: &mut out,
                 timestamp: None,
                 index: 0,
+                kind: crate::sink::Content::Output,
             };
             p.send(record, &bounds).expect("sent");
         };
