@@ -81,6 +81,13 @@ impl Positions {
         }
     }
 
+    /// The offset below which `tp`'s lag is counted, if one is kept (testing only).
+    #[cfg(test)]
+    pub fn floor(&self, tp: &(String, i32)) -> Option<i64> {
+        let floor = self.floor.lock().unwrap_or_else(|p| p.into_inner());
+        floor.get(tp).copied()
+    }
+
     /// `partitions` are no longer owned.
     pub fn forget(&self, partitions: &[(String, i32)]) {
         let mut floor = self.floor.lock().unwrap_or_else(|p| p.into_inner());

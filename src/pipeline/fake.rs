@@ -748,6 +748,16 @@ impl Core {
         self.group.revoke(tp);
     }
 
+    /// The consumer is replaced (fenced): the session forgets what it read; the new one is
+    /// assigned nothing yet.
+    pub fn replace(&mut self) {
+        self.session.replaced(&self.group);
+        let assigned = self.group.assigned.borrow().clone();
+        for tp in assigned {
+            self.group.revoke((tp.0.as_str(), tp.1));
+        }
+    }
+
     /// One turn of the loop; whether a record was read.
     pub fn turn(&mut self) -> bool {
         self.try_turn()

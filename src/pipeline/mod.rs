@@ -84,7 +84,7 @@ fn session(
     shutdown: CancellationToken,
 ) -> Result<Arc<Mutex<Session>>, Error> {
     let (kafka, test) = (&config.kafka, &config.test);
-    let mut driver = sink::start(
+    let driver = sink::start(
         kafka,
         &config.sink,
         test,
@@ -92,9 +92,6 @@ fn session(
         metrics.clone(),
         shutdown.clone(),
     )?;
-    // The lag counts from what is committed.
-    let committed = positions.clone();
-    driver.on_commit(move |offsets| committed.committed(offsets));
     check_topics(&driver, config)?;
     let destination = driver.destination();
     let policy = Policy {
@@ -218,7 +215,7 @@ fn replacements_after(replacements: u32, progressed: bool) -> u32 {
 /// librdkafka's consumer is finished (`why`); the producer is not. The session drops what the
 /// old consumer read, and a new one joins after a pause that grows with `replacements`.
 fn replace(consumer: PipelineConsumer, why: &str, replacements: u32) {
-    consumer.context().session().replaced();
+    consumer.context().session().replaced(&consumer);
     close(
         consumer,
         Instant::now() + Duration::from_secs(5),

@@ -101,7 +101,7 @@ impl Rewind {
     }
 
     /// The first offset read of `tp`, if anything was.
-    fn first_read(&self, (topic, partition): &Tp) -> Option<i64> {
+    pub(super) fn first_read(&self, (topic, partition): &Tp) -> Option<i64> {
         self.first.get(topic)?.get(partition).copied()
     }
 

@@ -44,6 +44,15 @@ pub struct Poll {
     pub read: bool,
 }
 
+/// How partitions stopped being this instance's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Gone {
+    /// Revoked or lost in a rebalance: the others stay.
+    Revoked,
+    /// The consumer was replaced: every partition goes, the producer stays.
+    Replaced,
+}
+
 /// The loop's state, owned in one place.
 pub struct Session {
     writer: Writer,
@@ -80,7 +89,10 @@ pub struct Parts {
 
 impl Session {
     /// A session of `parts`, before any partition is assigned.
-    pub fn new(parts: Parts) -> Session {
+    pub fn new(mut parts: Parts) -> Session {
+        // The lag counts from what is committed.
+        let committed = parts.positions.clone();
+        (parts.writer.driver).on_commit(move |offsets| committed.committed(offsets));
         Session {
             writer: parts.writer,
             intake: parts.intake,
@@ -213,15 +225,43 @@ impl Session {
                 }
             }
         }
-        // Before the transform hears of the revoke, it hears how its units ended.
-        self.intake.revoke(&partitions);
-        if let Some(held) = self.intake.held() {
-            held.revoked(group, &partitions, &self.metrics);
+        self.forget(group, partitions, Gone::Revoked);
+    }
+
+    /// Everything kept of `partitions`, which are no longer this instance's, goes: what was
+    /// read and staged, holds, rewind targets, what was committed, verdicts, the sink's
+    /// claims, lag floors; the transform's state is told (`Revoked`: at its next turn, after
+    /// how its units ended; `Replaced`: now, with every partition).
+    fn forget(&mut self, group: &dyn Group, partitions: Vec<Tp>, gone: Gone) {
+        match gone {
+            Gone::Revoked => self.intake.revoke(&partitions),
+            Gone::Replaced => self.intake.clear(),
         }
-        self.rewind.forget(&partitions);
+        if let Some(held) = self.intake.held() {
+            match gone {
+                Gone::Revoked => held.revoked(group, &partitions, &self.metrics),
+                Gone::Replaced => held.clear(&self.metrics),
+            }
+        }
+        match gone {
+            Gone::Revoked => self.rewind.forget(&partitions),
+            Gone::Replaced => self.rewind.clear(),
+        }
         self.writer.driver.forget(&partitions);
         self.positions.forget(&partitions);
-        self.changes.push(Change::Revoked(partitions));
+        match gone {
+            // Before the transform hears of the revoke, it hears how its units ended.
+            Gone::Revoked => self.changes.push(Change::Revoked(partitions)),
+            Gone::Replaced => {
+                self.writer.driver.new_consumer();
+                // An unknown outcome nobody can resolve now is heard before the revoke.
+                self.hand_over_settled();
+                self.owned.clear();
+                if !partitions.is_empty() {
+                    self.intake.hear(&Change::Revoked(partitions));
+                }
+            }
+        }
     }
 
     /// Partitions are being assigned (inside `poll`, before the consumer takes them): the
@@ -248,23 +288,11 @@ impl Session {
     /// The consumer is finished (fenced) and a new one takes over, with the same producer: what
     /// the old one read is aborted (its generation can no longer commit) and dropped, and the
     /// transform loses every partition first (the new consumer is assigned afresh).
-    pub fn replaced(&mut self) {
+    pub fn replaced(&mut self, group: &dyn Group) {
         self.writer.driver.abort_now(AbortReason::ConsumerFenced);
         self.hand_over_changes();
-        self.intake.clear();
-        if let Some(held) = self.intake.held() {
-            held.clear(&self.metrics);
-        }
-        let read: Vec<Tp> = self.owned.iter().cloned().collect();
-        self.positions.forget(&read);
-        self.rewind.clear();
-        self.writer.driver.new_consumer();
-        // An unknown outcome nobody can resolve now is heard before the revoke.
-        self.hand_over_settled();
-        let owned: Vec<Tp> = std::mem::take(&mut self.owned).into_iter().collect();
-        if !owned.is_empty() {
-            self.intake.hear(&Change::Revoked(owned));
-        }
+        let owned: Vec<Tp> = self.owned.iter().cloned().collect();
+        self.forget(group, owned, Gone::Replaced);
     }
 
     /// Commits what is open, within the shutdown `grace`. The call-out's staged records
@@ -505,4 +533,40 @@ fn counted(arrival: &Arrival, metrics: &Metrics) {
         records,
     }
     .emit(metrics);
+}
+
+/// What the session keeps of one partition (testing only): each fact a revoke must forget.
+#[cfg(test)]
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Facts {
+    /// The first offset read since it was assigned (the rewind's last resort).
+    pub first_read: Option<i64>,
+    /// What this instance last committed for it.
+    pub committed: Option<i64>,
+    /// Verdicts on its refused records.
+    pub verdicts: usize,
+    /// Where its lag is counted from.
+    pub floor: Option<i64>,
+    /// Held: the transform cannot take it now.
+    pub held: bool,
+}
+
+#[cfg(test)]
+impl Session {
+    /// What is kept of `tp`.
+    pub fn facts(&mut self, tp: &Tp) -> Facts {
+        let driver = &self.writer.driver;
+        Facts {
+            first_read: self.rewind.first_read(tp),
+            committed: driver.last_committed(tp),
+            verdicts: driver.verdicts_on(tp),
+            floor: self.positions.floor(tp),
+            held: (self.intake.held()).is_some_and(|h| h.holds(&tp.0, tp.1)),
+        }
+    }
+
+    /// Whether the transform was told it owns `tp`.
+    pub fn owns(&self, tp: &Tp) -> bool {
+        self.owned.contains(tp)
+    }
 }

@@ -645,6 +645,122 @@ fn a_refusal_heard_in_the_middle_of_a_unit_keeps_it_from_committing() {
     );
 }
 
+/// Two partitions of eight records each, poison at offset 3 of both, a commit every 4 records:
+/// the first unit commits both at 2, the second is aborted for the refused poison (a verdict
+/// on each). Every fact of either partition is kept.
+fn with_facts_on_two_partitions() -> Core {
+    let mut core = Core::direct(every(4));
+    core.broker().fill(("in", 0), 0, 8, &[3]);
+    core.broker().fill(("in", 1), 0, 8, &[3]);
+    core.broker().refuse = Some(b"poison".to_vec());
+    core.assign(("in", 0), 0);
+    core.assign(("in", 1), 0);
+    for _ in 0..8 {
+        core.turn();
+    }
+    for p in [0, 1] {
+        let facts = core.session.facts(&tp(p));
+        assert_eq!(
+            (
+                facts.first_read,
+                facts.committed,
+                facts.verdicts,
+                facts.floor
+            ),
+            (Some(0), Some(2), 1, Some(2)),
+            "in/{p}"
+        );
+        assert!(core.session.owns(&tp(p)));
+    }
+    assert_eq!(
+        core.broker()
+            .calls
+            .iter()
+            .filter(|c| **c == Call::Abort)
+            .count(),
+        1
+    );
+    core
+}
+
+/// A revoke forgets every fact of its partitions (what was read, committed, judged, held;
+/// where the lag counts from; the transform is told) and keeps the others'.
+#[test]
+fn a_revoke_forgets_every_fact_of_its_partitions_and_keeps_the_others() {
+    let mut core = with_facts_on_two_partitions();
+    core.revoke(("in", 0));
+    assert_eq!(core.session.facts(&tp(0)), Default::default());
+    let kept = core.session.facts(&tp(1));
+    assert_eq!(
+        (kept.first_read, kept.committed, kept.verdicts),
+        (Some(0), Some(2), 1)
+    );
+    core.turn();
+    assert!(!core.session.owns(&tp(0)) && core.session.owns(&tp(1)));
+    // The rest of in/1 goes on: its poison's dead-letter copy on the replay, then the rest.
+    core.run(30);
+    core.finish();
+    let b = core.broker();
+    let out: Vec<_> = b
+        .lineages("out")
+        .into_iter()
+        .filter(|l| l.starts_with("in/1/"))
+        .collect();
+    assert_eq!(
+        out,
+        lineages(&[(1, 0), (1, 1), (1, 2), (1, 4), (1, 5), (1, 6), (1, 7)])
+    );
+    assert_eq!(b.lineages("out.dlq"), lineages(&[(1, 3)]));
+}
+
+/// A replaced consumer (fenced) forgets every partition's facts, its verdicts too (they were
+/// kept until a review); the producer stays.
+#[test]
+fn a_replaced_consumer_forgets_every_partition_and_keeps_the_producer() {
+    let mut core = with_facts_on_two_partitions();
+    core.replace();
+    for p in [0, 1] {
+        assert_eq!(core.session.facts(&tp(p)), Default::default(), "in/{p}");
+        assert!(!core.session.owns(&tp(p)), "in/{p}");
+    }
+    let connects = core
+        .broker()
+        .calls
+        .iter()
+        .filter(|c| **c == Call::Connect)
+        .count();
+    assert_eq!(connects, 1);
+}
+
+/// A new producer (a request of the old one timed out) is no new owner: every partition's
+/// facts stay, and the verdicts still send the dead-letter copies.
+#[test]
+fn a_new_producer_keeps_every_partitions_facts() {
+    let mut core = with_facts_on_two_partitions();
+    core.broker().stale = true;
+    core.turn(); // the rewind, then a record: a new producer before its unit begins
+    let connects = core
+        .broker()
+        .calls
+        .iter()
+        .filter(|c| **c == Call::Connect)
+        .count();
+    assert_eq!(connects, 2);
+    for p in [0, 1] {
+        let facts = core.session.facts(&tp(p));
+        assert_eq!(
+            (facts.first_read, facts.committed, facts.verdicts),
+            (Some(0), Some(2), 1)
+        );
+    }
+    core.run(30);
+    core.finish();
+    assert_eq!(
+        core.broker().lineages("out.dlq"),
+        lineages(&[(0, 3), (1, 3)])
+    );
+}
+
 #[test]
 fn shutdown_commits_what_was_answered_within_the_grace() {
     let (app, mut core) = two_calls_out();

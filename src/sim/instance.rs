@@ -148,7 +148,7 @@ impl Instance {
 
     /// The consumer is finished: a new one joins, as `pipeline::run` replaces it.
     pub fn replace_consumer(&mut self) {
-        self.session.replaced();
+        self.session.replaced(&self.group);
         self.group.leave();
         self.group.rejoin();
     }

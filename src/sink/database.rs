@@ -701,6 +701,14 @@ impl Sink for Database {
         Ok(Starts::At(starts))
     }
 
+    /// Their claims go: a claim is this owner's epoch, and the next owner's is newer.
+    fn revoked(&mut self, partitions: &[Tp]) {
+        let mut claims = self.claims();
+        for tp in partitions {
+            claims.remove(tp);
+        }
+    }
+
     fn exists(&self, name: &str, _timeout: Duration) -> Result<bool, String> {
         Ok(name == self.output || name == self.dlq)
     }
@@ -925,6 +933,24 @@ mod tests {
             1,
             "nothing of the revoked partition"
         );
+    }
+
+    /// A revoke forgets the claims of its partitions (their next owner's epoch is newer; a
+    /// commit here would be fenced) and keeps the others'.
+    #[test]
+    fn a_revoke_forgets_the_claims_of_its_partitions() {
+        let mut d = sink(None);
+        let claim = Claim {
+            next: Some(10),
+            epoch: 1,
+            copied: None,
+        };
+        for p in [0, 1] {
+            d.claims().insert(("in".to_string(), p), claim);
+        }
+        d.revoked(&[("in".to_string(), 0)]);
+        let left: Vec<Tp> = d.claims().keys().cloned().collect();
+        assert_eq!(left, [("in".to_string(), 1)]);
     }
 
     #[test]

@@ -104,6 +104,10 @@ impl Sink for Faults {
         self.inner.claim(partitions, group, bounds)
     }
 
+    fn revoked(&mut self, partitions: &[Tp]) {
+        self.inner.revoked(partitions)
+    }
+
     fn exists(&self, name: &str, timeout: Duration) -> Result<bool, String> {
         self.inner.exists(name, timeout)
     }

@@ -108,6 +108,9 @@ pub trait Sink: Send {
         group: &dyn Group,
         bounds: &Bounds,
     ) -> Result<Starts, Failed>;
+    /// `partitions` are no longer this instance's (revoked, lost, or its consumer replaced):
+    /// whatever the sink keeps of them (a claim) goes. Their next owner claims them afresh.
+    fn revoked(&mut self, _partitions: &[Tp]) {}
     /// Whether the destination `name` (a topic) exists; an error says why that is unknown.
     fn exists(&self, name: &str, timeout: Duration) -> Result<bool, String>;
     /// What the destination is to the loop: who refuses its records, how an aborted unit

@@ -234,6 +234,13 @@ impl Verdicts {
         }
     }
 
+    /// How many verdicts are kept on `tp`'s records (testing only).
+    #[cfg(test)]
+    pub fn on(&self, (topic, partition): &Tp) -> usize {
+        let of = self.by_topic.get(topic);
+        of.map_or(0, |ps| ps.keys().filter(|(p, _)| p == partition).count())
+    }
+
     /// Forgets every verdict on `partitions`: no longer owned, their records are another
     /// member's to judge (and, back here later, judged afresh).
     pub fn revoked(&mut self, partitions: &[Tp]) {
@@ -323,6 +330,12 @@ impl Rejections {
     }
 
     /// `partitions` are no longer owned: their verdicts go.
+    /// How many verdicts are kept on `tp`'s records (testing only).
+    #[cfg(test)]
+    pub fn verdicts_on(&self, tp: &Tp) -> usize {
+        self.verdicts.on(tp)
+    }
+
     pub fn revoked(&mut self, partitions: &[Tp]) {
         self.verdicts.revoked(partitions);
     }

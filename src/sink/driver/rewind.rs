@@ -49,11 +49,18 @@ impl Driver {
         self.offsets.last(tp)
     }
 
+    /// How many verdicts are kept on `tp`'s records (testing only).
+    #[cfg(test)]
+    pub fn verdicts_on(&self, tp: &Tp) -> usize {
+        self.rejections.verdicts_on(tp)
+    }
+
     /// `partitions` were revoked: what was committed for them is the group's business now,
     /// and so is judging their refused records.
     pub fn forget(&mut self, partitions: &[Tp]) {
         self.offsets.forget(partitions);
         self.rejections.revoked(partitions);
+        self.sink.revoked(partitions);
     }
 
     /// The consumer is replaced: the new one starts from the committed offsets, owning
