@@ -368,6 +368,9 @@ fn refused_rows_to_the_dead_letter_table(backend: Backend) {
         long_row, 3000,
         "a row longer than Kafka's limit is the database's to take"
     );
+    // The audit judges rows as the database takes them: the long one is no missing dead letter.
+    let (code, report) = p.audit();
+    assert_eq!(code, 0, "{report:#}");
     // Each bad input's copy once, with why.
     let text = match backend {
         Backend::Postgres => "convert_from(value, 'UTF8'), reason, headers::text",

@@ -90,9 +90,10 @@ pub struct AuditArgs {
     pub to_offsets: Option<String>,
 
     /// The run's producer message.max.bytes, if it set one: outputs larger than this went to
-    /// the DLQ, and the replay must judge them the same way.
-    #[arg(long, value_name = "BYTES", default_value_t = 1_000_000)]
-    pub max_message_bytes: usize,
+    /// the DLQ, and the replay must judge them the same way [default: 1000000; a database's
+    /// rows have no such limit: not with --db-url].
+    #[arg(long, value_name = "BYTES", conflicts_with = "db_url")]
+    pub max_message_bytes: Option<usize>,
 
     /// Print the report as JSON.
     #[arg(long)]
@@ -239,7 +240,11 @@ impl AuditArgs {
             on_error,
             replay_call: self.replay_call,
             json: self.json,
-            max_message_bytes: self.max_message_bytes,
+            // Kafka's limit; the database takes rows of any size.
+            max_message_bytes: match db {
+                Some(_) => usize::MAX,
+                None => self.max_message_bytes.unwrap_or(1_000_000),
+            },
             db,
         })
     }
@@ -364,6 +369,12 @@ mod tests {
             panic!()
         };
         let c = a.validate().unwrap();
+        // Rows have no size limit of Kafka's: an output of any size was a row.
+        assert_eq!(c.max_message_bytes, usize::MAX);
+        let mut limited: Vec<&str> = base.iter().chain(&db).copied().collect();
+        limited.extend(["--max-message-bytes", "2000"]);
+        let e = Cli::try_parse_from(limited).err().unwrap().to_string();
+        assert!(e.contains("--max-message-bytes"), "{e}");
         let target = c.db.unwrap();
         assert_eq!(
             (target.rows.as_str(), target.dead.as_str()),

@@ -691,6 +691,7 @@ impl Core {
         let timeout = Duration::from_secs(1);
         let driver =
             Driver::start(sink, bounds, timeout, metrics.clone(), shutdown.clone()).unwrap();
+        let destination = driver.destination();
         let policy = Policy {
             output_topic: "out".into(),
             errors: ErrorPolicy {
@@ -700,8 +701,8 @@ impl Core {
                 route_timeout,
             },
             lineage: true,
-            max_message_bytes: 1 << 20,
-            refuser: &crate::sink::kafka::BROKER,
+            max_message_bytes: destination.max_record_bytes,
+            refuser: destination.refuser,
         };
         let writer = Writer::new(
             driver,

@@ -59,6 +59,7 @@ impl Instance {
         let timeout = Duration::from_secs(1);
         let driver = Driver::start(sink, bounds, timeout, metrics.clone(), shutdown.clone())
             .expect("the model's producer connects");
+        let destination = driver.destination();
         let policy = Policy {
             output_topic: OUTPUT.into(),
             errors: ErrorPolicy {
@@ -67,8 +68,8 @@ impl Instance {
                 route_timeout: Duration::ZERO,
             },
             lineage: true,
-            max_message_bytes: 1 << 20,
-            refuser: &crate::sink::kafka::BROKER,
+            max_message_bytes: destination.max_record_bytes,
+            refuser: destination.refuser,
         };
         let writer = Writer::new(
             driver,

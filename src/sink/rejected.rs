@@ -330,14 +330,14 @@ impl Rejections {
     }
 
     /// `partitions` are no longer owned: their verdicts go.
+    pub fn revoked(&mut self, partitions: &[Tp]) {
+        self.verdicts.revoked(partitions);
+    }
+
     /// How many verdicts are kept on `tp`'s records (testing only).
     #[cfg(test)]
     pub fn verdicts_on(&self, tp: &Tp) -> usize {
         self.verdicts.on(tp)
-    }
-
-    pub fn revoked(&mut self, partitions: &[Tp]) {
-        self.verdicts.revoked(partitions);
     }
 
     /// Verdicts below a committed offset are settled.
