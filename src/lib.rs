@@ -63,9 +63,11 @@
 //!   [`kafka::Client`]: creates one, naming it and the option that holds a key librdkafka
 //!   refuses, [`kafka::Refusal`]: the cluster refusing a client); [`kafka::Tp`], a partition; the
 //!   librdkafka calls rust-rdkafka lacks, behind safe wrappers (producing through topic
-//!   handles, header names as bytes, flush).
-//! - [`error`]: error types, and [`error::classify`], the one table that says what a failed
-//!   Kafka call means (retry, abort and rewind, unknown outcome, recreate, exit).
+//!   handles, header names as bytes, flush); [`kafka::failure`]: a failed call as the code
+//!   outside kafka/ holds it ([`kafka::failure::ClientError`]) and [`kafka::failure::classify`],
+//!   the one table that says what it means (retry, abort and rewind, unknown outcome,
+//!   recreate, exit).
+//! - [`error`]: the errors that stop a command.
 //! - [`backoff`]: every pause after failures in a row, one named schedule each; [`clock`]: the
 //!   loop's pauses and the age of its open unit, which the simulator keeps on its own clock.
 //! - `sim` (testing only): a deterministic simulator of the core. Two or three instances,

@@ -73,10 +73,7 @@ fn leader_moves<T>(mut f: impl FnMut() -> KafkaResult<T>) -> KafkaResult<T> {
 }
 
 fn kafka(context: &str) -> impl FnOnce(KafkaError) -> Error + '_ {
-    move |source| Error::Unrecoverable {
-        context: context.to_string(),
-        source,
-    }
+    move |source| Error::kafka(context, source)
 }
 
 /// The audit's two readers: `read_committed`, as a downstream consumer reads, and

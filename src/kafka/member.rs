@@ -7,7 +7,12 @@
 use std::ffi::c_void;
 
 use rdkafka::client::{Client, ClientContext};
+use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka_sys as rdsys;
+
+/// The group's generation as a transactional offset commit carries it, to the coordinator
+/// that fences a commit of an older one (opaque outside the Kafka clients).
+pub struct Generation(pub(crate) ConsumerGroupMetadata);
 
 /// A consumer's membership in its group.
 #[derive(Clone, Debug, PartialEq, Eq)]

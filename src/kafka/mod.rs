@@ -22,6 +22,7 @@
 //! [`denied`], [`denied_partition`], [`timed_out_txn_request`]).
 
 mod denial;
+pub mod failure;
 pub mod member;
 pub mod produce;
 pub mod raw_headers;

@@ -39,10 +39,7 @@ impl OffsetStore for GroupStore {
         }
         let got = consumer
             .committed_offsets(tpl, self.timeout)
-            .map_err(|source| Error::Unrecoverable {
-                context: "reading the group's committed offsets".into(),
-                source,
-            })?;
+            .map_err(|source| Error::kafka("reading the group's committed offsets", source))?;
         Ok(got
             .elements()
             .iter()
@@ -60,10 +57,7 @@ impl OffsetStore for GroupStore {
         let mut tpl = TopicPartitionList::new();
         for ((t, p), o) in offsets {
             tpl.add_partition_offset(t, *p, Offset::Offset(*o))
-                .map_err(|source| Error::Unrecoverable {
-                    context: format!("offset {o} of {t}[{p}]"),
-                    source,
-                })?;
+                .map_err(|source| Error::kafka(&format!("offset {o} of {t}[{p}]"), source))?;
         }
         // librdkafka's synchronous commit has no timeout of its own: bound it here.
         let (tx, rx) = std::sync::mpsc::channel();
@@ -71,9 +65,8 @@ impl OffsetStore for GroupStore {
             let _ = tx.send(consumer.commit(&tpl, CommitMode::Sync));
         });
         match rx.recv_timeout(self.timeout) {
-            Ok(result) => result.map_err(|source| Error::Unrecoverable {
-                context: format!("committing the offsets of group {group}"),
-                source,
+            Ok(result) => result.map_err(|source| {
+                Error::kafka(&format!("committing the offsets of group {group}"), source)
             }),
             Err(_) => Err(Error::Store(format!(
                 "committing the offsets of group {group}: no answer within {:?}; whether they \

@@ -54,12 +54,7 @@ pub fn state(target: &Target) -> Result<Vec<Row>, Error> {
     let stable = client(Role::EndOffsets {
         isolation: Isolation::ReadCommitted,
     })?;
-    let kafka_err = |context: String| {
-        move |source| Error::Unrecoverable {
-            context: context.clone(),
-            source,
-        }
-    };
+    let kafka_err = |context: String| move |source| Error::kafka(&context, source);
     let mut partitions = Vec::new();
     for topic in &target.topics {
         let md = group
@@ -110,10 +105,7 @@ fn members(target: &Target) -> Result<usize, Error> {
     let c: BaseConsumer = target.kafka.client(role).create()?;
     let list = c
         .fetch_group_list(Some(&target.group), target.timeout)
-        .map_err(|source| Error::Unrecoverable {
-            context: format!("describing group {}", target.group),
-            source,
-        })?;
+        .map_err(|source| Error::kafka(&format!("describing group {}", target.group), source))?;
     Ok(list.groups().iter().map(|g| g.members().len()).sum())
 }
 

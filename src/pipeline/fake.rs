@@ -8,8 +8,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use rdkafka::consumer::ConsumerGroupMetadata;
-use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::Headers;
 use tokio_util::sync::CancellationToken;
 
@@ -22,6 +20,7 @@ use crate::events::AbortReason;
 use crate::headers::{ERROR_REASON, LINEAGE};
 use crate::health::Health;
 use crate::kafka::Tp;
+use crate::kafka::failure::{ClientError, Code};
 use crate::metrics::Metrics;
 use crate::sink::{
     Bounds, Driver, Failed, Feedback, Group, NotConnected, Record, Rejection, Reply, SeekFailed,
@@ -144,11 +143,9 @@ impl Broker {
         self.calls.push(Call::Commit(offsets.clone()));
         if let Some(topic) = self.open_denied.take() {
             self.unheard.push(topic);
-            let source = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
-            return Err(Failed::Denied(crate::error::Error::Unrecoverable {
-                context: "sending offsets".to_string(),
-                source,
-            }));
+            let source = ClientError::of(Code::TopicAuthorizationFailed);
+            let denied = crate::error::Error::kafka("sending offsets", source);
+            return Err(Failed::Denied(denied));
         }
 
         if self.fail_commits > 0 || !self.refused.is_empty() {
@@ -181,7 +178,7 @@ impl Broker {
         Feedback {
             refused: std::mem::take(&mut self.refused),
             routes: (self.heard_routes.drain(..))
-                .map(|t| (t, crate::error::TOPIC_DENIED))
+                .map(|t| (t, crate::kafka::failure::TOPIC_DENIED))
                 .collect(),
             accepted: std::mem::take(&mut self.accepted),
             denied: self.heard_denial.take(),
@@ -455,7 +452,7 @@ impl FakeGroup {
 }
 
 impl Group for FakeGroup {
-    fn metadata(&self) -> Option<ConsumerGroupMetadata> {
+    fn metadata(&self) -> Option<crate::kafka::member::Generation> {
         None
     }
 
@@ -466,16 +463,20 @@ impl Group for FakeGroup {
         })
     }
 
-    fn commit_offsets(&self, offsets: &[(Tp, i64)]) -> KafkaResult<()> {
+    fn commit_offsets(&self, offsets: &[(Tp, i64)]) -> Result<(), ClientError> {
         lock(&self.broker).committed.extend(offsets.iter().cloned());
         Ok(())
     }
 
-    fn copy_offsets(&self, offsets: &[(Tp, i64)]) -> KafkaResult<()> {
+    fn copy_offsets(&self, offsets: &[(Tp, i64)]) -> Result<(), ClientError> {
         self.commit_offsets(offsets)
     }
 
-    fn committed(&self, partitions: &[Tp], _: Duration) -> KafkaResult<Vec<(Tp, Option<i64>)>> {
+    fn committed(
+        &self,
+        partitions: &[Tp],
+        _: Duration,
+    ) -> Result<Vec<(Tp, Option<i64>)>, ClientError> {
         let b = lock(&self.broker);
         let committed = |tp: &Tp| b.committed.get(tp).copied().filter(|_| !b.hide_committed);
         Ok(partitions
@@ -493,18 +494,18 @@ impl Group for FakeGroup {
             .collect()
     }
 
-    fn assignment(&self) -> KafkaResult<Vec<Tp>> {
+    fn assignment(&self) -> Result<Vec<Tp>, ClientError> {
         Ok(self.assigned.borrow().clone())
     }
 
-    fn pause(&self, partitions: &[Tp]) -> KafkaResult<()> {
+    fn pause(&self, partitions: &[Tp]) -> Result<(), ClientError> {
         if !self.pause_ignored.get() {
             self.paused.borrow_mut().extend(partitions.iter().cloned());
         }
         Ok(())
     }
 
-    fn resume(&self, partitions: &[Tp]) -> KafkaResult<()> {
+    fn resume(&self, partitions: &[Tp]) -> Result<(), ClientError> {
         self.paused
             .borrow_mut()
             .retain(|tp| !partitions.contains(tp));

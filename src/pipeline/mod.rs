@@ -39,8 +39,9 @@ use tracing::{error, info, warn};
 
 use crate::backoff::Backoff;
 use crate::config::{Config, Input, OnError};
-use crate::error::{Action, Error, Facts, KafkaCall, classify};
+use crate::error::Error;
 use crate::health::Health;
+use crate::kafka::failure::{Action, Facts, KafkaCall, classify};
 use crate::kafka::{Role, member, raw_headers};
 use crate::lag::Positions;
 use crate::metrics::Metrics;
@@ -414,10 +415,7 @@ fn consumer_error(e: KafkaError, fatal: Option<RDKafkaErrorCode>) -> Result<(), 
             Err(Interrupt::ReplaceConsumer(e.to_string()))
         }
         _ if exit || matches!(e, KafkaError::MessageConsumptionFatal(_)) => {
-            Err(Interrupt::Fail(Error::Unrecoverable {
-                context: "consuming".into(),
-                source: e,
-            }))
+            Err(Interrupt::Fail(Error::kafka("consuming", e)))
         }
         _ => {
             warn!(error = %e, "consumer error");

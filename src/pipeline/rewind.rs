@@ -120,10 +120,8 @@ impl Rewind {
         health: &Health,
         shutdown: &CancellationToken,
     ) -> Result<Option<Rewound>, Interrupt> {
-        let assignment = group.assignment().map_err(|e| Error::Unrecoverable {
-            context: "reading the assignment".into(),
-            source: e,
-        })?;
+        let assignment =
+            (group.assignment()).map_err(|e| Error::kafka("reading the assignment", e))?;
         let unresolved = driver.unresolved_partitions();
         let (read, also): (Vec<Tp>, Vec<Tp>) = assignment
             .into_iter()
@@ -157,10 +155,8 @@ impl Rewind {
         match group.seek(&targets, timeout) {
             Ok(()) => {}
             Err(SeekFailed::Call(e)) => {
-                return Err(Interrupt::Fail(Error::Unrecoverable {
-                    context: "rewinding to the committed offsets".into(),
-                    source: e,
-                }));
+                let context = "rewinding to the committed offsets";
+                return Err(Interrupt::Fail(Error::kafka(context, e)));
             }
             Err(SeekFailed::Partition((topic, partition), err)) => {
                 // A partition that cannot be rewound must not be read on from where it stands:

@@ -8,8 +8,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::consumer::ConsumerGroupMetadata;
-use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode as Code};
 use rdkafka::message::Headers;
 use tokio_util::sync::CancellationToken;
 
@@ -21,6 +19,7 @@ use crate::events::AbortReason;
 use crate::headers::{ERROR_REASON, LINEAGE};
 use crate::health::Health;
 use crate::kafka::Tp;
+use crate::kafka::failure::{ClientError, Code};
 use crate::pipeline::session::{Parts, Poll};
 use crate::pipeline::writer::{Policy, Writer};
 use crate::pipeline::{Intake, Interrupt, Session};
@@ -332,12 +331,12 @@ struct SimTxn<'a> {
     i: usize,
 }
 
-fn err(code: Code) -> KafkaError {
-    KafkaError::Global(code)
+fn err(code: Code) -> ClientError {
+    ClientError::of(code)
 }
 
 impl Transaction for SimTxn<'_> {
-    fn flush(&self, _: Duration) -> KafkaResult<()> {
+    fn flush(&self, _: Duration) -> Result<(), ClientError> {
         hook(self.shared, self.i, "flush");
         self.shared.model().deliver(self.i, usize::MAX);
         Ok(())
@@ -348,7 +347,7 @@ impl Transaction for SimTxn<'_> {
         offsets: &[(Tp, i64)],
         group: &dyn Group,
         _: Duration,
-    ) -> KafkaResult<()> {
+    ) -> Result<(), ClientError> {
         hook(self.shared, self.i, "send_offsets");
         let member = group.member().unwrap_or(crate::kafka::member::Member {
             generation: -1,
@@ -359,7 +358,7 @@ impl Transaction for SimTxn<'_> {
             .map_err(err)
     }
 
-    fn commit(&self, _: Duration) -> KafkaResult<()> {
+    fn commit(&self, _: Duration) -> Result<(), ClientError> {
         hook(self.shared, self.i, "commit_transaction");
         let mut m = self.shared.model();
         // librdkafka's commit_transaction flushes first.
@@ -367,7 +366,7 @@ impl Transaction for SimTxn<'_> {
         if m.clients.get(&self.i).is_some_and(|c| c.failed) {
             // A delivery of the transaction failed: it must abort (librdkafka flags that
             // error as abortable; here the flush before the EndTxn says so).
-            return Err(KafkaError::Flush(Code::InvalidRecord));
+            return Err(ClientError::flush(Code::InvalidRecord));
         }
         let fault = m.end_faults.remove(&self.i);
         if let Some(f) = fault {
@@ -387,7 +386,7 @@ impl Transaction for SimTxn<'_> {
                 }
                 Ok(())
             }
-            Some(EndFault::Abortable) => Err(KafkaError::Flush(Code::InvalidTransactionalState)),
+            Some(EndFault::Abortable) => Err(ClientError::flush(Code::InvalidTransactionalState)),
             Some(EndFault::UnknownLost) => Err(err(Code::OperationTimedOut)),
             Some(EndFault::UnknownCommitted) => {
                 m.end_txn(self.i, true).map_err(err)?;
@@ -401,7 +400,7 @@ impl Transaction for SimTxn<'_> {
         }
     }
 
-    fn abort(&self, _: Duration) -> KafkaResult<()> {
+    fn abort(&self, _: Duration) -> Result<(), ClientError> {
         let mut m = self.shared.model();
         m.purge(self.i);
         m.end_txn(self.i, false).map_err(err)
@@ -528,7 +527,7 @@ impl SimGroup {
 }
 
 impl Group for SimGroup {
-    fn metadata(&self) -> Option<ConsumerGroupMetadata> {
+    fn metadata(&self) -> Option<crate::kafka::member::Generation> {
         None
     }
 
@@ -538,7 +537,7 @@ impl Group for SimGroup {
         Some(crate::kafka::member::Member { generation, id })
     }
 
-    fn commit_offsets(&self, offsets: &[(Tp, i64)]) -> KafkaResult<()> {
+    fn commit_offsets(&self, offsets: &[(Tp, i64)]) -> Result<(), ClientError> {
         self.shared
             .model()
             .committed
@@ -546,14 +545,14 @@ impl Group for SimGroup {
         Ok(())
     }
 
-    fn copy_offsets(&self, offsets: &[(Tp, i64)]) -> KafkaResult<()> {
+    fn copy_offsets(&self, offsets: &[(Tp, i64)]) -> Result<(), ClientError> {
         self.commit_offsets(offsets)
     }
 
-    fn committed(&self, partitions: &[Tp], _: Duration) -> KafkaResult<Committed> {
+    fn committed(&self, partitions: &[Tp], _: Duration) -> Result<Committed, ClientError> {
         let m = self.shared.model();
         if partitions.iter().any(|tp| m.unstable(tp)) {
-            return Err(KafkaError::ConsumerCommit(Code::UnstableOffsetCommit));
+            return Err(err(Code::UnstableOffsetCommit));
         }
         Ok(partitions
             .iter()
@@ -568,7 +567,7 @@ impl Group for SimGroup {
             .collect()
     }
 
-    fn assignment(&self) -> KafkaResult<Vec<Tp>> {
+    fn assignment(&self) -> Result<Vec<Tp>, ClientError> {
         Ok(self.assigned.borrow().clone())
     }
 
@@ -576,7 +575,7 @@ impl Group for SimGroup {
         for (tp, o) in offsets {
             if self.fetch.borrow().get(tp) == Some(&None) {
                 // librdkafka refuses to seek a partition still waiting for its offset.
-                let e = KafkaError::Seek("erroneous state".into());
+                let e = err(Code::State);
                 return Err(SeekFailed::Partition(tp.clone(), e));
             }
             self.fetch.borrow_mut().insert(tp.clone(), Some(*o));
@@ -585,11 +584,11 @@ impl Group for SimGroup {
         Ok(())
     }
 
-    fn pause(&self, _: &[Tp]) -> KafkaResult<()> {
+    fn pause(&self, _: &[Tp]) -> Result<(), ClientError> {
         Ok(())
     }
 
-    fn resume(&self, _: &[Tp]) -> KafkaResult<()> {
+    fn resume(&self, _: &[Tp]) -> Result<(), ClientError> {
         Ok(())
     }
 }

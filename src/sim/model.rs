@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use rdkafka::error::RDKafkaErrorCode as Code;
+use crate::kafka::failure::Code;
 
 use crate::kafka::Tp;
 use crate::transform::OwnedRecord;

@@ -3,12 +3,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::error::{KafkaError, KafkaResult};
 use tracing::debug;
 
 use crate::backoff::Backoff;
-use crate::error::{Action, Facts, KafkaCall, classify};
 use crate::health::Health;
+use crate::kafka::failure::{Action, ClientError, KafkaCall, classify};
 
 /// Bounded retries of one retriable call before it counts as a failure of its class.
 const MAX_RETRIES: u32 = 5;
@@ -64,23 +63,23 @@ impl Bounds {
     /// Calls `f` (named `name` to the watchdog) until it succeeds, or fails with anything but
     /// a retriable error of `call`, or has been retried [`MAX_RETRIES`] times, or the deadline
     /// passed. The error comes back with what it means.
-    pub fn retry<T>(
+    pub fn retry<T, E: Into<ClientError>>(
         &self,
         call: KafkaCall,
         name: &'static str,
-        mut f: impl FnMut(Duration) -> KafkaResult<T>,
-    ) -> Result<T, (Action, KafkaError)> {
+        mut f: impl FnMut(Duration) -> Result<T, E>,
+    ) -> Result<T, (Action, ClientError)> {
         let mut tries = 0;
         loop {
             let result = {
                 let _g = self.health.in_kafka_call(name);
                 f(self.timeout())
             };
-            let e = match result {
+            let e: ClientError = match result {
                 Ok(v) => return Ok(v),
-                Err(e) => e,
+                Err(e) => e.into(),
             };
-            match classify(call, &Facts::of(&e)) {
+            match classify(call, &e.facts()) {
                 Action::Retry if tries < MAX_RETRIES && !self.past_deadline() => {
                     tries += 1;
                     debug!(error = %e, tries, "{name}: retrying");

@@ -773,6 +773,7 @@ fn dead_letter(out: &Outgoing<'_>, reason: Reason) -> DeadLetter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kafka::failure::ClientError;
 
     #[test]
     fn dead_letter_headers_keep_their_order_and_lose_only_what_no_text_holds() {
@@ -850,16 +851,16 @@ mod tests {
     }
 
     impl Group for Losing {
-        fn metadata(&self) -> Option<rdkafka::consumer::ConsumerGroupMetadata> {
+        fn metadata(&self) -> Option<crate::kafka::member::Generation> {
             None
         }
         fn member(&self) -> Option<crate::kafka::member::Member> {
             None
         }
-        fn commit_offsets(&self, _: &[(Tp, i64)]) -> rdkafka::error::KafkaResult<()> {
+        fn commit_offsets(&self, _: &[(Tp, i64)]) -> Result<(), ClientError> {
             unreachable!()
         }
-        fn copy_offsets(&self, offsets: &[(Tp, i64)]) -> rdkafka::error::KafkaResult<()> {
+        fn copy_offsets(&self, offsets: &[(Tp, i64)]) -> Result<(), ClientError> {
             self.copies.set(self.copies.get() + 1);
             match self.lose.get() {
                 0 => self.held.borrow_mut().extend(offsets.iter().cloned()),
@@ -867,11 +868,7 @@ mod tests {
             }
             Ok(())
         }
-        fn committed(
-            &self,
-            partitions: &[Tp],
-            _: Duration,
-        ) -> rdkafka::error::KafkaResult<Committed> {
+        fn committed(&self, partitions: &[Tp], _: Duration) -> Result<Committed, ClientError> {
             let held = self.held.borrow();
             Ok((partitions.iter())
                 .map(|tp| (tp.clone(), held.get(tp).copied()))
@@ -880,16 +877,16 @@ mod tests {
         fn positions(&self) -> Vec<(Tp, i64)> {
             Vec::new()
         }
-        fn assignment(&self) -> rdkafka::error::KafkaResult<Vec<Tp>> {
+        fn assignment(&self) -> Result<Vec<Tp>, ClientError> {
             Ok(vec![("in".to_string(), 0)])
         }
         fn seek(&self, _: &[(Tp, i64)], _: Duration) -> Result<(), crate::sink::SeekFailed> {
             Ok(())
         }
-        fn pause(&self, _: &[Tp]) -> rdkafka::error::KafkaResult<()> {
+        fn pause(&self, _: &[Tp]) -> Result<(), ClientError> {
             Ok(())
         }
-        fn resume(&self, _: &[Tp]) -> rdkafka::error::KafkaResult<()> {
+        fn resume(&self, _: &[Tp]) -> Result<(), ClientError> {
             Ok(())
         }
     }

@@ -41,12 +41,12 @@ mod unit;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::error::{KafkaError, KafkaResult};
-
 use crate::config::{Guarantee, SinkConfig, TestSwitches};
-use crate::error::{Action, Error, Facts, KafkaCall, classify};
+use crate::error::Error;
 use crate::events::{AbortReason, Ended};
 use crate::health::Health;
+use crate::kafka::failure::{Action, ClientError, KafkaCall, classify};
+use crate::kafka::member::{Generation, Member};
 use crate::kafka::{Settings, Tp};
 use crate::metrics::Metrics;
 use crate::records::Outgoing;
@@ -92,8 +92,8 @@ pub trait Sink: Send {
         timeout: Duration,
     ) -> Result<Committed, Unreadable> {
         group.committed(partitions, timeout).map_err(|e| {
-            if classify(KafkaCall::SendOffsets, &Facts::of(&e)) == Action::Exit {
-                Unreadable::Exit(unrecoverable("reading committed offsets", e))
+            if classify(KafkaCall::SendOffsets, &e.facts()) == Action::Exit {
+                Unreadable::Exit(Error::kafka("reading committed offsets", e))
             } else {
                 Unreadable::Retry(e.to_string())
             }
@@ -297,7 +297,7 @@ pub enum Failed {
     /// A record is larger than the client takes: the record's fault.
     TooLarge,
     /// The record's destination refuses it for what the destination is: it does not exist
-    /// or may not be written (`error::refused_route`).
+    /// or may not be written (`kafka::failure::refused_route`).
     Unroutable {
         /// The destination.
         topic: String,
@@ -325,8 +325,8 @@ impl Failed {
     }
 
     /// [`Failed::Exit`] with what exactly was doing.
-    pub fn exit(context: &str, source: KafkaError) -> Failed {
-        Failed::Exit(unrecoverable(context, source))
+    pub fn exit(context: &str, source: impl Into<ClientError>) -> Failed {
+        Failed::Exit(Error::kafka(context, source))
     }
 }
 
@@ -409,42 +409,35 @@ pub enum Content {
 /// The consumer group, as the sink and the rewind see it: Kafka's, since membership is.
 pub trait Group {
     /// The group's generation, for a transactional offset commit (`None` before joining).
-    fn metadata(&self) -> Option<rdkafka::consumer::ConsumerGroupMetadata>;
+    fn metadata(&self) -> Option<Generation>;
     /// This member's generation and id now (`None`: not known).
-    fn member(&self) -> Option<crate::kafka::member::Member>;
+    fn member(&self) -> Option<Member>;
     /// Commits `offsets` outside any transaction.
-    fn commit_offsets(&self, offsets: &[(Tp, i64)]) -> KafkaResult<()>;
+    fn commit_offsets(&self, offsets: &[(Tp, i64)]) -> Result<(), ClientError>;
     /// Copies `offsets` into the group without waiting (what a sink that keeps its own
     /// offsets tells the group's readers: lag exporters, `kafka-consumer-groups`).
-    fn copy_offsets(&self, offsets: &[(Tp, i64)]) -> KafkaResult<()>;
+    fn copy_offsets(&self, offsets: &[(Tp, i64)]) -> Result<(), ClientError>;
     /// The group's committed offsets of `partitions` (`None`: nothing committed).
-    fn committed(&self, partitions: &[Tp], timeout: Duration) -> KafkaResult<Committed>;
+    fn committed(&self, partitions: &[Tp], timeout: Duration) -> Result<Committed, ClientError>;
     /// The consumer's position in each assigned partition that has one (a seek unsets it
     /// until the next record).
     fn positions(&self) -> Vec<(Tp, i64)>;
     /// The partitions assigned now.
-    fn assignment(&self) -> KafkaResult<Vec<Tp>>;
+    fn assignment(&self) -> Result<Vec<Tp>, ClientError>;
     /// Moves the consumer to `offsets`. A partition that could not move comes back with why.
     fn seek(&self, offsets: &[(Tp, i64)], timeout: Duration) -> Result<(), SeekFailed>;
     /// Stops fetching `partitions` until they are assigned again (another owner took them)
     /// or resumed.
-    fn pause(&self, partitions: &[Tp]) -> KafkaResult<()>;
+    fn pause(&self, partitions: &[Tp]) -> Result<(), ClientError>;
     /// Fetches `partitions` again.
-    fn resume(&self, partitions: &[Tp]) -> KafkaResult<()>;
+    fn resume(&self, partitions: &[Tp]) -> Result<(), ClientError>;
 }
 
 /// Why a seek did not move every partition.
 #[derive(Debug)]
 pub enum SeekFailed {
     /// The call itself failed.
-    Call(KafkaError),
+    Call(ClientError),
     /// This partition did not move.
-    Partition(Tp, KafkaError),
-}
-
-fn unrecoverable(context: &str, source: KafkaError) -> Error {
-    Error::Unrecoverable {
-        context: context.to_string(),
-        source,
-    }
+    Partition(Tp, ClientError),
 }

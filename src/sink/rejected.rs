@@ -6,7 +6,7 @@
 //!
 //! 1. Every send carries an index into the open transaction's [`SentLog`] (Kafka sinks: as its
 //!    delivery opaque); the sink reports a [`Rejection`] with that index for each record the
-//!    destination refused for what it is (for Kafka, [`crate::error::rejected_record`] says
+//!    destination refused for what it is (for Kafka, [`crate::kafka::failure::rejected_record`] says
 //!    which codes are).
 //! 2. After the abort, the rejections become [`Verdict`]s by input position. A rejection is
 //!    certain when it was the only one (librdkafka sends a partition's records in one batch

@@ -22,7 +22,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use crate::error::TOPIC_DENIED;
+use crate::kafka::failure::TOPIC_DENIED;
 
 /// How long a route's refusal outlives it when nothing is routed there: between a unit's
 /// abort (its refusal) and the next unit's begin there are only the back-offs (at most 5 s

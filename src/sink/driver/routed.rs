@@ -42,7 +42,7 @@ impl Driver {
             );
             return self.aborted(AbortReason::RouteRefused);
         }
-        if error == crate::error::TOPIC_DENIED {
+        if error == crate::kafka::failure::TOPIC_DENIED {
             // The output or dead-letter topic itself: nothing to do at run time.
             return Err(SendError::Fatal(self.write_denied(topic)));
         }
@@ -60,7 +60,7 @@ impl Driver {
                     topic,
                     error, "an output's topic refuses it; aborting, rewinding, backing off"
                 );
-            } else if error == crate::error::TOPIC_DENIED {
+            } else if error == crate::kafka::failure::TOPIC_DENIED {
                 denied = Some(topic);
             }
         }
@@ -88,7 +88,7 @@ impl Driver {
         Error::Denied(format!(
             "may not write the {which} topic '{topic}': grant the principal WRITE on topic \
              '{topic}' ({})",
-            crate::error::TOPIC_DENIED
+            crate::kafka::failure::TOPIC_DENIED
         ))
     }
 }

@@ -4,15 +4,14 @@
 
 use std::time::{Duration, Instant};
 
-use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::producer::Producer;
 use tracing::warn;
 
 use super::producer::{Connection, TrackedProducer};
 use crate::config::SinkConfig;
 use crate::error::Error;
-use crate::error::{Action, Facts, KafkaCall, classify};
 use crate::events::AbortReason;
+use crate::kafka::failure::{Action, ClientError, Code, Facts, KafkaCall, classify};
 use crate::kafka::{self, Role, Settings, Tp};
 use crate::sink::{
     Bounds, Destination, Failed, Feedback, Group, NotConnected, Record, Reply, Sink, Starts, Wait,
@@ -59,8 +58,7 @@ impl Sink for ExactlyOnce {
             });
         connected.map_err(|e| match e {
             NotConnected::Exit(Error::Unrecoverable { source, .. })
-                if source.rdkafka_error_code()
-                    == Some(RDKafkaErrorCode::TransactionalIdAuthorizationFailed) =>
+                if source.code() == Some(Code::TransactionalIdAuthorizationFailed) =>
             {
                 NotConnected::Exit(Error::Denied(denied_id(&self.id)))
             }
@@ -151,7 +149,7 @@ pub const REPORTS_AFTER_ABORT: Duration = Duration::from_secs(1);
 /// Whether `e` is the cluster refusing a topic's permission (which a route may have caused).
 fn topic_denied(e: &Error) -> bool {
     matches!(e, Error::Unrecoverable { source, .. }
-        if source.rdkafka_error_code() == Some(RDKafkaErrorCode::TopicAuthorizationFailed))
+        if source.code() == Some(Code::TopicAuthorizationFailed))
 }
 
 /// The cluster refused the transactional id `id`: it, and the grant that lets it be used.
@@ -169,7 +167,7 @@ fn denied_id(id: &str) -> String {
 /// (`crate::sim`), which runs the same orderings.
 pub trait Transaction {
     /// Waits until every record sent in the open transaction is acknowledged.
-    fn flush(&self, timeout: Duration) -> KafkaResult<()>;
+    fn flush(&self, timeout: Duration) -> Result<(), ClientError>;
     /// Adds the group's `offsets` to the transaction, as a commit of `group`'s member now:
     /// fenced by its generation (KIP-447).
     fn send_offsets(
@@ -177,19 +175,19 @@ pub trait Transaction {
         offsets: &[(Tp, i64)],
         group: &dyn Group,
         timeout: Duration,
-    ) -> KafkaResult<()>;
+    ) -> Result<(), ClientError>;
     /// Ends the transaction with a commit (EndTxn).
-    fn commit(&self, timeout: Duration) -> KafkaResult<()>;
+    fn commit(&self, timeout: Duration) -> Result<(), ClientError>;
     /// Ends it with an abort.
-    fn abort(&self, timeout: Duration) -> KafkaResult<()>;
+    fn abort(&self, timeout: Duration) -> Result<(), ClientError>;
     /// A request of the producer timed out and may still reach the coordinator later: no
     /// other transaction may run on its epoch (see `Failed::Renew`).
     fn timed_out(&self);
 }
 
 impl Transaction for TrackedProducer {
-    fn flush(&self, timeout: Duration) -> KafkaResult<()> {
-        TrackedProducer::flush(self, timeout)
+    fn flush(&self, timeout: Duration) -> Result<(), ClientError> {
+        Ok(TrackedProducer::flush(self, timeout)?)
     }
 
     fn send_offsets(
@@ -197,22 +195,20 @@ impl Transaction for TrackedProducer {
         offsets: &[(Tp, i64)],
         group: &dyn Group,
         timeout: Duration,
-    ) -> KafkaResult<()> {
+    ) -> Result<(), ClientError> {
         // A joined member has its group's metadata: both come from the same consumer.
-        let gm = group
-            .metadata()
-            .ok_or(KafkaError::ConsumerCommit(RDKafkaErrorCode::State))?;
+        let gm = group.metadata().ok_or(ClientError::of(Code::State))?;
         let offsets = kafka::offset_list(offsets)?;
-        self.inner()
-            .send_offsets_to_transaction(&offsets, &gm, timeout)
+        let inner = self.inner();
+        Ok(inner.send_offsets_to_transaction(&offsets, &gm.0, timeout)?)
     }
 
-    fn commit(&self, timeout: Duration) -> KafkaResult<()> {
-        self.inner().commit_transaction(timeout)
+    fn commit(&self, timeout: Duration) -> Result<(), ClientError> {
+        Ok(self.inner().commit_transaction(timeout)?)
     }
 
-    fn abort(&self, timeout: Duration) -> KafkaResult<()> {
-        self.inner().abort_transaction(timeout)
+    fn abort(&self, timeout: Duration) -> Result<(), ClientError> {
+        Ok(self.inner().abort_transaction(timeout)?)
     }
 
     fn timed_out(&self) {
@@ -259,7 +255,7 @@ fn flush(t: &impl Transaction, bounds: &Bounds) -> Result<(), Failed> {
         return Ok(());
     };
     stale_if_timed_out(t, &e);
-    Err(match classify(KafkaCall::Commit, &Facts::of(&e)) {
+    Err(match classify(KafkaCall::Commit, &e.facts()) {
         Action::Exit => Failed::exit("flushing before the commit", e),
         Action::RecreateProducer => {
             warn!(error = %e, "flush before the commit: producer fenced; recreating it");
@@ -369,8 +365,8 @@ pub fn abort(t: &impl Transaction, reason: AbortReason, bounds: &Bounds) -> Resu
 
 /// A transactional call that timed out may still reach the coordinator later: the producer
 /// must not run another transaction on its epoch (see `Failed::Renew`).
-fn stale_if_timed_out(t: &impl Transaction, e: &KafkaError) {
-    if crate::error::timed_out(&Facts::of(e)) {
+fn stale_if_timed_out(t: &impl Transaction, e: &ClientError) {
+    if crate::kafka::failure::timed_out(&e.facts()) {
         warn!(error = %e, "a transactional request timed out; the producer is replaced before the next transaction");
         t.timed_out();
     }
@@ -389,19 +385,24 @@ mod tests {
     struct Recorded(std::cell::RefCell<Vec<&'static str>>);
 
     impl Transaction for Recorded {
-        fn flush(&self, _: Duration) -> KafkaResult<()> {
+        fn flush(&self, _: Duration) -> Result<(), ClientError> {
             self.0.borrow_mut().push("flush");
             Ok(())
         }
-        fn send_offsets(&self, _: &[(Tp, i64)], _: &dyn Group, _: Duration) -> KafkaResult<()> {
+        fn send_offsets(
+            &self,
+            _: &[(Tp, i64)],
+            _: &dyn Group,
+            _: Duration,
+        ) -> Result<(), ClientError> {
             self.0.borrow_mut().push("send_offsets");
             Ok(())
         }
-        fn commit(&self, _: Duration) -> KafkaResult<()> {
+        fn commit(&self, _: Duration) -> Result<(), ClientError> {
             self.0.borrow_mut().push("commit");
             Ok(())
         }
-        fn abort(&self, _: Duration) -> KafkaResult<()> {
+        fn abort(&self, _: Duration) -> Result<(), ClientError> {
             self.0.borrow_mut().push("abort");
             Ok(())
         }
@@ -412,35 +413,35 @@ mod tests {
     struct Joined;
 
     impl Group for Joined {
-        fn metadata(&self) -> Option<rdkafka::consumer::ConsumerGroupMetadata> {
+        fn metadata(&self) -> Option<kafka::member::Generation> {
             None
         }
         fn member(&self) -> Option<kafka::member::Member> {
             let id = "m".into();
             Some(kafka::member::Member { generation: 3, id })
         }
-        fn commit_offsets(&self, _: &[(Tp, i64)]) -> KafkaResult<()> {
+        fn commit_offsets(&self, _: &[(Tp, i64)]) -> Result<(), ClientError> {
             unreachable!()
         }
-        fn copy_offsets(&self, _: &[(Tp, i64)]) -> KafkaResult<()> {
+        fn copy_offsets(&self, _: &[(Tp, i64)]) -> Result<(), ClientError> {
             unreachable!()
         }
-        fn committed(&self, _: &[Tp], _: Duration) -> KafkaResult<crate::sink::Committed> {
+        fn committed(&self, _: &[Tp], _: Duration) -> Result<crate::sink::Committed, ClientError> {
             unreachable!()
         }
         fn positions(&self) -> Vec<(Tp, i64)> {
             unreachable!()
         }
-        fn assignment(&self) -> KafkaResult<Vec<Tp>> {
+        fn assignment(&self) -> Result<Vec<Tp>, ClientError> {
             unreachable!()
         }
         fn seek(&self, _: &[(Tp, i64)], _: Duration) -> Result<(), crate::sink::SeekFailed> {
             unreachable!()
         }
-        fn pause(&self, _: &[Tp]) -> KafkaResult<()> {
+        fn pause(&self, _: &[Tp]) -> Result<(), ClientError> {
             unreachable!()
         }
-        fn resume(&self, _: &[Tp]) -> KafkaResult<()> {
+        fn resume(&self, _: &[Tp]) -> Result<(), ClientError> {
             unreachable!()
         }
     }

@@ -12,8 +12,8 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use tracing::{debug, error, info, warn};
 
-use crate::error::{Action, Facts, KafkaCall, classify, refused_route, rejected_record};
 use crate::events::AbortReason;
+use crate::kafka::failure::{Action, Facts, KafkaCall, classify, refused_route, rejected_record};
 use crate::kafka::{Client, NotCreated, Refusal};
 use crate::sink::{Bounds, Failed, Feedback, NotConnected, Record, Rejection, Wait};
 
@@ -84,10 +84,7 @@ impl Connection {
             return NotConnected::Refused(reason.clone());
         }
         if classify(KafkaCall::Init, &Facts::of(&e)) == Action::Exit {
-            return NotConnected::Exit(crate::error::Error::Unrecoverable {
-                context: context.to_string(),
-                source: e,
-            });
+            return NotConnected::Exit(crate::error::Error::kafka(context, e));
         }
         NotConnected::Retry(format!("{context}: {e}"))
     }
@@ -145,7 +142,7 @@ impl ClientContext for DeliveryContext {
         }
         if let Some(topic) = crate::kafka::denied_partition(facility, message) {
             let mut routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
-            routes.push((topic.to_string(), crate::error::TOPIC_DENIED));
+            routes.push((topic.to_string(), crate::kafka::failure::TOPIC_DENIED));
         }
         // As rust-rdkafka's default callback logs them, under its target.
         match level {
