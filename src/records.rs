@@ -6,9 +6,7 @@
 
 use std::borrow::Cow;
 
-use rdkafka::message::{Header, OwnedHeaders};
-
-use crate::headers;
+use crate::headers::{self, Headers, LINEAGE};
 use crate::transform::{Failure, InputRecord, OutputHeaders, OutputRecord, Reason, TransformError};
 
 /// One record ready to send.
@@ -22,10 +20,10 @@ pub struct Outgoing<'a> {
     pub key: Option<Cow<'a, [u8]>>,
     /// Value bytes; `None` writes a tombstone.
     pub value: Option<Cow<'a, [u8]>>,
-    /// Headers, lineage included.
-    pub headers: OwnedHeaders,
-    /// The lineage it carries (`input/partition/offset/index`), if it carries one: a
-    /// destination without headers keeps it in its own terms.
+    /// Headers, without the lineage.
+    pub headers: Headers<'a>,
+    /// The lineage it carries (`input/partition/offset/index`), if it carries one: Kafka
+    /// writes it as the last header ([`Outgoing::headers_with_lineage`]), a table as a column.
     pub lineage: Option<String>,
 }
 
@@ -72,7 +70,17 @@ impl Outgoing<'_> {
         RECORD_OVERHEAD
             + self.key.as_ref().map_or(0, |k| k.len())
             + self.value.as_ref().map_or(0, |v| v.len())
-            + headers::size(&self.headers)
+            + self.headers.size()
+            + self
+                .lineage
+                .as_ref()
+                .map_or(0, |l| headers::size(LINEAGE.len(), l.len()))
+    }
+
+    /// Its headers as a destination with headers writes them: the lineage last.
+    pub fn headers_with_lineage(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
+        let lineage = (self.lineage.as_ref()).map(|l| (LINEAGE.as_bytes(), Some(l.as_bytes())));
+        self.headers.iter().chain(lineage)
     }
 }
 
@@ -90,7 +98,7 @@ pub fn outputs<'a>(
     for (i, o) in outs.into_iter().enumerate() {
         let l = lineage.then(|| headers::lineage(input, i));
         let out = Outgoing {
-            headers: headers::output(input, &o.headers, l.as_deref()),
+            headers: headers::output(input, o.headers),
             topic: o.topic,
             partition: o.partition,
             key: o.key,
@@ -114,8 +122,8 @@ pub fn outputs<'a>(
 /// A record of the open unit's own, of no input (a transform's change before the commit):
 /// only the headers it set, no lineage.
 pub fn own(o: OutputRecord<'static>) -> Outgoing<'static> {
-    let headers = match &o.headers {
-        OutputHeaders::Input => OwnedHeaders::new(),
+    let headers = match o.headers {
+        OutputHeaders::Input => Headers::default(),
         OutputHeaders::Set(set) => headers::set_only(set),
     };
     Outgoing {
@@ -144,13 +152,13 @@ pub fn dead_letter<'a>(
         partition: None,
         key: input.key.map(Cow::Borrowed),
         value: input.value.map(Cow::Borrowed),
-        headers: headers::dlq(input, err, l.as_deref()),
+        headers: headers::dlq(input, err),
         lineage: l.clone(),
     };
     if full.size() <= max_message_bytes {
         return full;
     }
-    let dropped = full.value.as_ref().map_or(0, |v| v.len()) + headers::size(&full.headers);
+    let dropped = full.value.as_ref().map_or(0, |v| v.len()) + full.headers.size();
     let note = format!(
         "value and headers ({dropped} bytes) left out: over message.max.bytes \
          {max_message_bytes}; read the source record"
@@ -172,10 +180,9 @@ fn bare<'a>(
     key: Option<Cow<'a, [u8]>>,
     note: &str,
 ) -> Outgoing<'a> {
-    let headers = headers::reasons(OwnedHeaders::new(), input, err, lineage).insert(Header {
-        key: headers::ERROR_TRUNCATED,
-        value: Some(note),
-    });
+    let mut headers = Headers::with_capacity(7);
+    headers::reasons(&mut headers, input, err);
+    headers.text(headers::ERROR_TRUNCATED, note.to_string());
     Outgoing {
         topic: None,
         partition: None,
@@ -218,7 +225,6 @@ mod tests {
     use super::*;
     use crate::config::TransformSpec;
     use crate::transform::Limits;
-    use rdkafka::message::Headers;
 
     fn input<'a>(value: &'a [u8], headers: Vec<(&'a [u8], Option<&'a [u8]>)>) -> InputRecord<'a> {
         InputRecord {
@@ -247,7 +253,7 @@ mod tests {
             partition: None,
             key: key.map(Cow::Borrowed),
             value: value.map(Cow::Borrowed),
-            headers: OwnedHeaders::new(),
+            headers: Headers::default(),
             lineage: None,
         };
         let a = out(Some(b"k"), Some(b"a value of some length, 1"));
@@ -270,9 +276,9 @@ mod tests {
         let rec = input(b"v", vec![]);
         let outs = outputs(&rec, passthrough().apply(&rec), true, 1000).unwrap();
         assert_eq!(outs.len(), 1);
-        let h = &outs[0].headers;
-        assert_eq!(h.get(0).key, headers::LINEAGE);
-        assert_eq!(h.get(0).value, Some(&b"in/0/7/0"[..]));
+        assert_eq!(outs[0].lineage.as_deref(), Some("in/0/7/0"));
+        let written: Vec<_> = outs[0].headers_with_lineage().collect();
+        assert_eq!(written, [(LINEAGE.as_bytes(), Some(&b"in/0/7/0"[..]))]);
     }
 
     #[test]
@@ -336,10 +342,10 @@ mod tests {
 
         const MAX: usize = BOUNDARY_MAX;
         let bytes = vec![0xa5u8; MAX];
-        let mut h = OwnedHeaders::new();
+        let mut h = Headers::default();
         for i in 0..names {
-            let name = vec![b'n'; i % 66];
-            h = crate::kafka::raw_headers::add(h, &name, header_value.map(|n| &bytes[..n]));
+            let name = Cow::Owned(vec![b'n'; i % 66]);
+            h.push(name, header_value.map(|n| Cow::Borrowed(&bytes[..n])));
         }
         let probe = Outgoing {
             topic: None,
@@ -366,7 +372,7 @@ mod tests {
             let fits = out.size() <= MAX;
             let mut rec = BaseRecord::<[u8], [u8]>::to("t")
                 .payload(&bytes[..value])
-                .headers(h.clone());
+                .headers(crate::kafka::raw_headers::owned(h.len(), h.iter()));
             if let Some(k) = key {
                 rec = rec.key(&bytes[..k]);
             }
@@ -394,8 +400,8 @@ mod tests {
         let err = TransformError::new(Reason::NotJson, "nope");
         let d = dead_letter(&rec, &err, true, 10_000);
         assert_eq!(d.value.as_deref(), Some(&b"not json"[..]));
-        assert!(d.headers.iter().any(|h| h.key == "trace"));
-        assert!(!d.headers.iter().any(|h| h.key == headers::ERROR_TRUNCATED));
+        assert!(d.headers.get("trace").is_some());
+        assert!(d.headers.get(headers::ERROR_TRUNCATED).is_none());
     }
 
     #[test]
@@ -407,8 +413,10 @@ mod tests {
         assert_eq!(d.value, None);
         assert_eq!(d.key.as_deref(), Some(&b"k"[..]));
         assert!(d.size() <= 1_000);
-        assert!(!d.headers.iter().any(|h| h.key == "trace"));
-        let keys: Vec<&str> = d.headers.iter().map(|h| h.key).collect();
+        assert!(d.headers.get("trace").is_none());
+        let keys: Vec<&str> = (d.headers_with_lineage())
+            .map(|(k, _)| std::str::from_utf8(k).unwrap())
+            .collect();
         for k in [
             headers::ERROR_REASON,
             headers::SOURCE_OFFSET,
@@ -430,7 +438,7 @@ mod tests {
         let d = dead_letter(&rec, &err, true, 1_000);
         assert_eq!((d.key.as_deref(), d.value.as_deref()), (None, None));
         assert!(d.size() <= 1_000, "{}", d.size());
-        assert!(d.headers.iter().any(|h| h.key == headers::ERROR_TRUNCATED));
+        assert!(d.headers.get(headers::ERROR_TRUNCATED).is_some());
     }
 }
 
@@ -473,7 +481,9 @@ mod properties {
     /// Whether librdkafka takes `o` under `max`.
     fn librdkafka_takes(o: &Outgoing<'_>, max: usize) -> bool {
         let p = producer(max);
-        let mut rec = BaseRecord::<[u8], [u8]>::to("t").headers(o.headers.clone());
+        let written = o.headers_with_lineage();
+        let headers = crate::kafka::raw_headers::owned(o.headers.len() + 1, written);
+        let mut rec = BaseRecord::<[u8], [u8]>::to("t").headers(headers);
         if let Some(k) = o.key.as_deref() {
             rec = rec.key(k);
         }
@@ -549,10 +559,9 @@ mod properties {
                         value: input.value.map(Cow::Borrowed),
                         headers: headers::output(
                             &input,
-                            &crate::transform::OutputHeaders::Input,
-                            lineage.then(|| headers::lineage(&input, 0)).as_deref(),
+                            crate::transform::OutputHeaders::Input,
                         ),
-                        lineage: None,
+                        lineage: lineage.then(|| headers::lineage(&input, 0)),
                     };
                     prop_assert!(!librdkafka_takes(&out, max));
                 }

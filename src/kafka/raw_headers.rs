@@ -78,6 +78,15 @@ pub fn add(h: OwnedHeaders, name: &[u8], value: Option<&[u8]>) -> OwnedHeaders {
     h
 }
 
+/// librdkafka's headers holding `headers` (`count`: how many there are, for the capacity).
+pub fn owned<'h>(count: usize, headers: impl Iterator<Item = Header<'h>>) -> OwnedHeaders {
+    let mut h = OwnedHeaders::new_with_capacity(count);
+    for (name, value) in headers {
+        h = add(h, name, value);
+    }
+    h
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use rdkafka::message::Headers;
 use tokio_util::sync::CancellationToken;
 
 use super::intake::Intake;
@@ -17,7 +16,7 @@ use super::stage::Stage;
 use super::writer::{Policy, Writer};
 use crate::config::{CallSpec, CommitPolicy, ErrorPolicy, OnError, TransformSpec};
 use crate::events::AbortReason;
-use crate::headers::{ERROR_REASON, LINEAGE};
+use crate::headers::ERROR_REASON;
 use crate::health::Health;
 use crate::kafka::Tp;
 use crate::kafka::failure::{ClientError, Code};
@@ -272,14 +271,9 @@ impl Sink for FakeSink {
             b.fail_sends -= 1;
             return Err(Failed::Abort(AbortReason::ProduceFailed));
         }
-        let header = |name: &str| {
-            (0..r.out.headers.count())
-                .map(|i| r.out.headers.get(i))
-                .find(|h| h.key == name)
-                .and_then(|h| h.value)
-                .map(|v| String::from_utf8_lossy(v).into_owned())
-        };
-        let (lineage, reason) = (header(LINEAGE).unwrap_or_default(), header(ERROR_REASON));
+        let reason = (r.out.headers.get(ERROR_REASON).flatten())
+            .map(|v| String::from_utf8_lossy(v).into_owned());
+        let lineage = r.out.lineage.clone().unwrap_or_default();
         let refused = b.refuse.as_ref().is_some_and(|bad| {
             let value = r.out.value.as_deref().unwrap_or_default();
             reason.is_none() && value.windows(bad.len()).any(|w| w == bad.as_slice())

@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::message::Headers;
 use tokio_util::sync::CancellationToken;
 
 use super::model::{CHANGELOG, EndFault, Entry, Heard, OUTPUT};
@@ -221,10 +220,9 @@ impl SimSink {
 
 /// A header's value as text.
 fn header(out: &crate::records::Outgoing<'_>, name: &str) -> Option<String> {
-    (0..out.headers.count())
-        .map(|i| out.headers.get(i))
-        .find(|h| h.key == name)
-        .and_then(|h| h.value)
+    (out.headers_with_lineage())
+        .find(|(n, _)| *n == name.as_bytes())
+        .and_then(|(_, v)| v)
         .map(|v| String::from_utf8_lossy(v).into_owned())
 }
 

@@ -19,7 +19,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rdkafka::message::Headers;
 use tracing::{info, warn};
 
 use super::{
@@ -758,8 +757,8 @@ fn text(bytes: &[u8]) -> String {
 /// The dead-letter copy of `out`, there for `reason`: key and value as they are, the headers
 /// in order as `[name, value]` pairs of text.
 fn dead_letter(out: &Outgoing<'_>, reason: Reason) -> DeadLetter {
-    let headers: Vec<serde_json::Value> = (out.headers.iter())
-        .map(|h| serde_json::json!([text(h.key.as_bytes()), h.value.map(text)]))
+    let headers: Vec<serde_json::Value> = (out.headers_with_lineage())
+        .map(|(name, value)| serde_json::json!([text(name), value.map(text)]))
         .collect();
     DeadLetter {
         reason: Some(reason.as_str().to_string()),
@@ -778,24 +777,18 @@ mod tests {
     #[test]
     fn dead_letter_headers_keep_their_order_and_lose_only_what_no_text_holds() {
         use crate::headers::ERROR_REASON;
-        use rdkafka::message::{Header, OwnedHeaders};
-        let headers = OwnedHeaders::new()
-            .insert(Header {
-                key: ERROR_REASON,
-                value: Some("upstream".as_bytes()),
-            })
-            .insert(Header {
-                key: "nul",
-                value: Some(b"a\0b\xff".as_slice()),
-            })
-            .insert(Header {
-                key: "none",
-                value: None::<&[u8]>,
-            })
-            .insert(Header {
-                key: ERROR_REASON,
-                value: Some("transform_error".as_bytes()),
-            });
+        use std::borrow::Cow::Borrowed;
+        let mut headers = crate::headers::Headers::default();
+        headers.push(
+            Borrowed(ERROR_REASON.as_bytes()),
+            Some(Borrowed(b"upstream")),
+        );
+        headers.push(Borrowed(b"nul"), Some(Borrowed(b"a\0b\xff")));
+        headers.push(Borrowed(b"none"), None);
+        headers.push(
+            Borrowed(ERROR_REASON.as_bytes()),
+            Some(Borrowed(b"transform_error")),
+        );
         let out = Outgoing {
             topic: None,
             partition: None,
@@ -952,7 +945,6 @@ mod tests {
 
     #[test]
     fn a_row_keeps_every_digit_of_its_numbers_and_takes_its_lineage() {
-        use rdkafka::message::OwnedHeaders;
         let mut db = sink(Some("lineage"));
         let bounds = Bounds::new(Default::default(), Duration::from_secs(1));
         let value = br#"{"id": 123456789012345678901234567890, "amount": 1.10, "lineage": "x"}"#;
@@ -961,7 +953,7 @@ mod tests {
             partition: None,
             key: None,
             value: Some(std::borrow::Cow::Borrowed(value.as_slice())),
-            headers: OwnedHeaders::new(),
+            headers: Default::default(),
             lineage: Some("in/0/7/0".into()),
         };
         let record = |out: &mut Outgoing<'static>, bounds: &Bounds, db: &mut Database| {
@@ -1020,7 +1012,6 @@ mod tests {
 
     #[test]
     fn envelopes_name_their_table_and_operation_and_a_bad_one_is_the_records_fault() {
-        use rdkafka::message::OwnedHeaders;
         let mut db = sink(Some("lineage"));
         db.config.envelope = true;
         db.config.tables = vec!["orders".into(), "lines".into(), "log".into()];
@@ -1035,7 +1026,7 @@ mod tests {
                 partition: None,
                 key: None,
                 value: Some(std::borrow::Cow::Owned(value.as_bytes().to_vec())),
-                headers: OwnedHeaders::new(),
+                headers: Default::default(),
                 lineage: Some("in/0/7/0".into()),
             };
             db.change(&out)

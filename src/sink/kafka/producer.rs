@@ -279,7 +279,8 @@ impl TrackedProducer {
             index,
             kind: _,
         } = r;
-        let mut headers = std::mem::take(&mut out.headers);
+        let count = out.headers.len() + 1;
+        let mut headers = crate::kafka::raw_headers::owned(count, out.headers_with_lineage());
         let mut refreshed = false;
         loop {
             let record = crate::kafka::produce::Message {
@@ -470,7 +471,6 @@ fn timed_out(code: RDKafkaErrorCode) -> bool {
 mod tests {
     use std::borrow::Cow;
 
-    use rdkafka::message::OwnedHeaders;
     use rdkafka::mocking::MockCluster;
 
     use super::*;
@@ -495,7 +495,7 @@ mod tests {
                 partition: None,
                 key: None,
                 value: Some(Cow::Borrowed(&b"v"[..])),
-                headers: OwnedHeaders::new(),
+                headers: Default::default(),
                 lineage: None,
             };
             let record = Record {
