@@ -130,7 +130,9 @@ pub fn output<'a>(input: &InputRecord<'a>, chosen: OutputHeaders) -> Headers<'a>
 /// Headers a transform set (never a lineage header of its own).
 pub fn set_only(set: Vec<(String, Option<Vec<u8>>)>) -> Headers<'static> {
     let mut h = Headers::with_capacity(set.len());
-    for (key, value) in set.into_iter().filter(|(k, _)| k != LINEAGE) {
+    // A name is compared as it is sent: up to its first NUL.
+    let lineage = |k: &String| k.split('\0').next() == Some(LINEAGE);
+    for (key, value) in set.into_iter().filter(|(k, _)| !lineage(k)) {
         h.push(Cow::Owned(key.into_bytes()), value.map(Cow::Owned));
     }
     h
@@ -230,7 +232,11 @@ mod tests {
     fn output_drops_upstream_lineage() {
         let h = output(&input(), OutputHeaders::Input);
         assert_eq!(pairs(&h), [("trace".into(), Some("abc".into()))]);
-        let set = vec![("a".into(), None), (LINEAGE.into(), Some(b"x".to_vec()))];
+        let set = vec![
+            ("a".into(), None),
+            (LINEAGE.into(), Some(b"x".to_vec())),
+            (format!("{LINEAGE}\0x"), Some(b"y".to_vec())),
+        ];
         assert_eq!(
             pairs(&output(&input(), OutputHeaders::Set(set))),
             [("a".into(), None)]

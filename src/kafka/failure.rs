@@ -55,8 +55,9 @@ impl fmt::Display for ClientError {
 }
 
 impl std::error::Error for ClientError {
+    /// The wrapped error's own cause: this error says what it says.
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.0)
+        std::error::Error::source(&self.0)
     }
 }
 
