@@ -18,11 +18,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::statistics::Statistics;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::error::Error;
+use crate::kafka::consumer::Read;
 use crate::kafka::{Isolation, Role, Settings};
 use crate::metrics::{Metrics, PartitionOffsets};
 
@@ -48,21 +48,9 @@ pub struct Positions {
     floor: Mutex<HashMap<(String, i32), i64>>,
 }
 
-/// One owned partition, as the statistics report has it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Read {
-    topic: String,
-    partition: i32,
-    /// After the last record handed to the loop (or the fetch position, past markers).
-    next: Option<i64>,
-    /// The group's offset the consumer started from.
-    start: Option<i64>,
-}
-
 impl Positions {
-    /// Takes the positions of the owned partitions from a librdkafka statistics report.
-    pub fn update(&self, stats: &Statistics) {
-        let read = from_statistics(stats);
+    /// Takes the positions of the owned partitions from a statistics report.
+    pub fn update(&self, read: Vec<Read>) {
         *self.read.lock().unwrap_or_else(|p| p.into_inner()) = read;
     }
 
@@ -101,11 +89,11 @@ impl Positions {
         let floor = self.floor.lock().unwrap_or_else(|p| p.into_inner());
         read.into_iter()
             .map(|r| {
-                let ours = floor.get(&(r.topic.clone(), r.partition)).copied();
+                let ours = floor.get(&r.tp).copied();
                 Position {
                     next: held_back(r.next, r.start, ours),
-                    topic: r.topic,
-                    partition: r.partition,
+                    topic: r.tp.0,
+                    partition: r.tp.1,
                 }
             })
             .collect()
@@ -123,38 +111,6 @@ fn held_back(next: Option<i64>, start: Option<i64>, ours: Option<i64>) -> Option
         (n, None) => n,
         (None, f) => f,
     }
-}
-
-fn from_statistics(stats: &Statistics) -> Vec<Read> {
-    let mut out = Vec::new();
-    for (topic, t) in &stats.topics {
-        for p in t.partitions.values() {
-            // -1 is librdkafka's internal "unassigned" partition; `desired` marks owned ones.
-            if p.partition < 0 || !p.desired {
-                continue;
-            }
-            // app_offset: after the last record handed to the loop; before the first one, the
-            // committed offset the consumer starts from.
-            let mut next = [p.app_offset, p.committed_offset]
-                .into_iter()
-                .find(|o| *o >= 0);
-            // With nothing buffered (fetchq_cnt is the length of the consumer queue it is
-            // forwarded to), the loop has seen everything below the fetch position. That
-            // position is past transaction markers and aborted records, which app_offset never
-            // passes: without this, a caught-up partition of transactional input would show a
-            // lag of 1 forever.
-            if p.fetchq_cnt == 0 && p.next_offset >= 0 {
-                next = Some(next.map_or(p.next_offset, |o| o.max(p.next_offset)));
-            }
-            out.push(Read {
-                topic: topic.clone(),
-                partition: p.partition,
-                next,
-                start: Some(p.committed_offset).filter(|o| *o >= 0),
-            });
-        }
-    }
-    out
 }
 
 /// Two clients that only ask for end offsets.
@@ -248,44 +204,6 @@ pub fn spawn(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rdkafka::statistics::{Partition, Topic};
-
-    fn partition(p: i32, desired: bool, app: i64, committed: i64) -> Partition {
-        Partition {
-            partition: p,
-            desired,
-            app_offset: app,
-            committed_offset: committed,
-            fetchq_cnt: 3,
-            next_offset: -1001,
-            ..Partition::default()
-        }
-    }
-
-    fn stats(partitions: Vec<Partition>) -> Statistics {
-        let mut topic = Topic::default();
-        for p in partitions {
-            topic.partitions.insert(p.partition, p);
-        }
-        let mut stats = Statistics::default();
-        stats.topics.insert("in".into(), topic);
-        stats
-    }
-
-    #[test]
-    fn positions_of_owned_partitions_come_from_statistics() {
-        let s = stats(vec![
-            partition(-1, false, -1, -1),
-            partition(0, true, 40, -1001),
-            partition(1, true, -1001, 20),
-            partition(2, false, 5, 5),
-            partition(3, true, -1001, -1001),
-        ]);
-        let mut got = from_statistics(&s);
-        got.sort_by_key(|p| p.partition);
-        let next: Vec<_> = got.iter().map(|p| (p.partition, p.next)).collect();
-        assert_eq!(next, vec![(0, Some(40)), (1, Some(20)), (3, None)]);
-    }
 
     #[test]
     fn records_read_and_not_committed_are_lag() {
@@ -302,29 +220,16 @@ mod tests {
         assert_eq!(held_back(None, None, None), None);
         assert_eq!(held_back(Some(5), None, None), Some(5));
         let p = Positions::default();
-        let mut s = stats(vec![partition(0, true, 90, 10)]);
-        s.topics
-            .get_mut("in")
-            .unwrap()
-            .partitions
-            .get_mut(&0)
-            .unwrap()
-            .fetchq_cnt = 3;
-        p.update(&s);
+        p.update(vec![Read {
+            tp: ("in".into(), 0),
+            next: Some(90),
+            start: Some(10),
+        }]);
         assert_eq!(p.snapshot()[0].next, Some(10));
         p.committed(&[(("in".to_string(), 0), 40)]);
         assert_eq!(p.snapshot()[0].next, Some(40));
         p.forget(&[("in".to_string(), 0)]);
         p.started(("in", 0), 5);
         assert_eq!(p.snapshot()[0].next, Some(10));
-    }
-
-    #[test]
-    fn with_nothing_buffered_the_fetch_position_counts() {
-        // A commit marker at 40: the fetcher is past it, the last record handed out was 39.
-        let mut caught_up = partition(0, true, 40, -1001);
-        caught_up.fetchq_cnt = 0;
-        caught_up.next_offset = 41;
-        assert_eq!(from_statistics(&stats(vec![caught_up]))[0].next, Some(41));
     }
 }

@@ -22,8 +22,8 @@
 //!   it through the [`pipeline::Intake`] (the transform, or the call-out's stage, where records
 //!   wait for the application's answer), **writes** its outputs or DLQ copy through
 //!   `pipeline::writer` into the sink's open unit, and **commits** the unit with its offsets
-//!   when it is due. The consumer's rebalance callback ([`pipeline::context`]) reaches the same
-//!   session to commit (or abort) before partitions move; [`pipeline::rewind`] is where every
+//!   when it is due. The consumer's owner ([`pipeline::context`]), told of each rebalance from
+//!   inside `poll`, reaches the same session to commit (or abort) before partitions move; [`pipeline::rewind`] is where every
 //!   partition goes back to after an abort; [`pipeline::held`] pauses the partitions the
 //!   transform cannot take now (the dedup's state has no home: the input grew). `pipeline/tests.rs`
 //!   runs these orderings over the fakes of `pipeline/fake.rs`, without a broker.
@@ -66,7 +66,9 @@
 //!   handles, header names as bytes, flush); [`kafka::failure`]: a failed call as the code
 //!   outside kafka/ holds it ([`kafka::failure::ClientError`]) and [`kafka::failure::classify`],
 //!   the one table that says what it means (retry, abort and rewind, unknown outcome,
-//!   recreate, exit).
+//!   recreate, exit); [`kafka::consumer`]: the group's consumer in exactly's terms (polled
+//!   records, faults, closing within a deadline; rebalances told to its
+//!   [`kafka::consumer::Owner`]; the [`kafka::consumer::Group`] the sinks and the rewind use).
 //! - [`error`]: the errors that stop a command.
 //! - [`backoff`]: every pause after failures in a row, one named schedule each; [`clock`]: the
 //!   loop's pauses and the age of its open unit, which the simulator keeps on its own clock.

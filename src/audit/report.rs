@@ -57,7 +57,7 @@ pub struct History {
     pub outputs: Vec<Rec>,
     /// DLQ records, read_committed.
     pub dlq: Vec<Rec>,
-    /// The outputs are a database table's rows ([`table`]): no values, no order; the
+    /// The outputs are a database table's rows (`table`): no values, no order; the
     /// database compares them.
     pub rows: bool,
     /// Records of the output and DLQ topics that only read_uncommitted sees (aborted).

@@ -21,6 +21,7 @@
 //! and [`flush`]; `denial` reads what the cluster says when it says no ([`Refusal`],
 //! [`denied`], [`denied_partition`], [`timed_out_txn_request`]).
 
+pub mod consumer;
 mod denial;
 pub mod failure;
 pub mod member;

@@ -30,19 +30,15 @@ mod tests;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::Message;
-use rdkafka::consumer::Consumer;
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::BorrowedMessage;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{error, info};
 
 use crate::backoff::Backoff;
 use crate::config::{Config, Input, OnError};
 use crate::error::Error;
 use crate::health::Health;
-use crate::kafka::failure::{Action, Facts, KafkaCall, classify};
-use crate::kafka::{Role, member, raw_headers};
+use crate::kafka::Role;
+use crate::kafka::consumer::{Fault, Received};
 use crate::lag::Positions;
 use crate::metrics::Metrics;
 use crate::sink::{self, Driver};
@@ -150,7 +146,7 @@ pub fn run(
     let mut fenced_at: Option<Instant> = None;
     loop {
         let consumer = subscribe(config, session.clone(), positions.clone(), metrics.clone())?;
-        let commits = consumer.context().session().commits();
+        let commits = consumer.owner().session().commits();
         health.set_ready(true);
         let result = run_loop(&consumer, &health, &shutdown);
         health.set_ready(false);
@@ -169,7 +165,7 @@ pub fn run(
             (Err(Interrupt::ReplaceConsumer(why) | Interrupt::InstanceFenced(why)), _)
                 if !shutdown.is_cancelled() =>
             {
-                let progressed = consumer.context().session().commits() > commits;
+                let progressed = consumer.owner().session().commits() > commits;
                 replacements = replacements_after(replacements, progressed);
                 replace(consumer, &why, replacements);
                 continue;
@@ -216,13 +212,8 @@ fn replacements_after(replacements: u32, progressed: bool) -> u32 {
 /// librdkafka's consumer is finished (`why`); the producer is not. The session drops what the
 /// old consumer read, and a new one joins after a pause that grows with `replacements`.
 fn replace(consumer: PipelineConsumer, why: &str, replacements: u32) {
-    consumer.context().session().replaced(&consumer);
-    close(
-        consumer,
-        Instant::now() + Duration::from_secs(5),
-        false,
-        false,
-    );
+    consumer.owner().session().replaced(&consumer);
+    consumer.close(Instant::now() + Duration::from_secs(5), false, false);
     let pause = Backoff::CONSUMER.after(replacements);
     error!(error = %why, ?pause, "consumer fenced; replacing it");
     crate::clock::pause(pause);
@@ -241,13 +232,13 @@ fn stop(
     // Everything after the signal must fit in the grace, with a margin for the exit.
     let close_by = Instant::now() + grace.saturating_sub(MAX_POLL * 5);
     let result = result.and_then(|()| {
-        let mut session = consumer.context().session();
+        let mut session = consumer.owner().session();
         session.finish(&consumer, grace)
     });
     if result.is_err() {
-        consumer.context().session().abandon();
+        consumer.owner().session().abandon();
     }
-    close_bounded(consumer, close_by, leave_static && result.is_ok());
+    consumer.close_bounded(close_by, leave_static && result.is_ok());
     info!("exactly stopped");
     result
 }
@@ -258,103 +249,23 @@ fn run_loop(
     health: &Health,
     shutdown: &CancellationToken,
 ) -> Result<(), Interrupt> {
-    let mut next = consumer.context().session().next_poll();
+    let mut next = consumer.owner().session().next_poll();
     while !shutdown.is_cancelled() {
         health.beat();
         let polled = if next.read {
             consumer.poll(next.wait)
         } else {
-            None
+            Ok(None)
         };
-        let mut session = consumer.context().session();
+        let mut session = consumer.owner().session();
         if let Some(e) = session.take_fatal() {
             return Err(e.into());
         }
-        let message = match polled {
-            None => None,
-            Some(Ok(m)) => Some(m),
-            Some(Err(e)) => {
-                let fatal = consumer.client().fatal_error().map(|(code, _)| code);
-                consumer_error(e, fatal)?;
-                None
-            }
-        };
+        let message = polled.map_err(interrupt)?;
         let record = message.as_ref().map(input_record);
         next = session.turn(record.as_ref(), consumer)?;
     }
     Ok(())
-}
-
-/// Makes a classic static member leave its group, as a dynamic one does when it closes, so its
-/// partitions move at once instead of after its session timeout: on close, a static member
-/// sends no LeaveGroup (KIP-345), but after an unsubscribe it does. The revoke callback finds
-/// nothing open (the session finished). librdkafka clears the member id when it gives the
-/// membership up, then sends the LeaveGroup if it knows a coordinator (else the group times the
-/// member out); the close that follows waits for its answer.
-fn leave_group(consumer: &PipelineConsumer, deadline: Instant) {
-    consumer.unsubscribe();
-    let left = || member::of(consumer.client()).is_none_or(|m| m.id.is_empty());
-    while !left() && Instant::now() < deadline {
-        // Nothing polled now is processed: the subscription is gone and the session finished.
-        let _ = consumer.poll(MAX_POLL);
-    }
-    if !left() {
-        warn!("the consumer did not leave its group in time; the group will time it out");
-    }
-}
-
-/// Closes the consumer: it leaves the group (unless static), so its partitions move at once;
-/// the revoke callback finds no open transaction. librdkafka's close can wait on an
-/// unresponsive coordinator, and Drop would wait without bound: past `deadline` (or when a
-/// broken consumer cannot start closing) it is left as it is, and the group notices the
-/// session timeout instead.
-///
-/// On the way out (`exiting`), a closed consumer is not dropped either: rust-rdkafka's Drop
-/// closes it a second time and logs that as an error, and the process ends next anyway.
-///
-/// A classic static member leaves first when `leave` (see [`leave_group`]).
-fn close(consumer: PipelineConsumer, deadline: Instant, exiting: bool, leave: bool) {
-    if leave {
-        leave_group(&consumer, deadline);
-    }
-    if consumer.close_queue().is_ok() {
-        while !consumer.closed() && Instant::now() < deadline {
-            consumer.poll(MAX_POLL);
-        }
-    }
-    if !consumer.closed() {
-        warn!("the consumer did not close in time; the group will time it out");
-        // Dropping it would block until it closes.
-        std::mem::forget(consumer);
-    } else if exiting {
-        std::mem::forget(consumer);
-    } else {
-        drop(consumer);
-    }
-}
-
-/// The final close, bounded by `deadline` even when one librdkafka call inside it blocks (the
-/// revoke callback's, say): it runs on a thread of its own, which the process's exit ends if
-/// it is still waiting. Leaving the group is a courtesy; the group times a member out anyway.
-fn close_bounded(consumer: PipelineConsumer, deadline: Instant, leave: bool) {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let spawned = std::thread::Builder::new()
-        .name("exactly-close".into())
-        .spawn(move || {
-            close(consumer, deadline, true, leave);
-            let _ = tx.send(());
-        });
-    match spawned {
-        Ok(_) => {
-            let left = deadline.saturating_duration_since(Instant::now()) + MAX_POLL;
-            if rx.recv_timeout(left).is_err() {
-                warn!("the consumer did not close in time; the group will time it out");
-            }
-        }
-        Err(e) => {
-            warn!(error = %e, "cannot start the close thread; the group will time the consumer out")
-        }
-    }
 }
 
 /// A consumer whose context shares `session`, subscribed to the input.
@@ -375,7 +286,7 @@ fn subscribe(
         protocol: group.protocol,
     };
     let context = PipelineContext::new(session, positions, metrics);
-    let consumer: PipelineConsumer = config.kafka.client(role).create_with_context(context)?;
+    let consumer = PipelineConsumer::create(&config.kafka.client(role), context)?;
     match &group.input {
         Input::Topics(ts) => {
             let ts: Vec<&str> = ts.iter().map(String::as_str).collect();
@@ -395,46 +306,25 @@ fn subscribe(
     Ok(consumer)
 }
 
-/// What a consumer error means: nothing (end of a partition), a warning, a consumer to
-/// replace, or the end. `fatal`: the code of the consumer's fatal error, if it has one.
-fn consumer_error(e: KafkaError, fatal: Option<RDKafkaErrorCode>) -> Result<(), Interrupt> {
-    let facts = Facts::of(&e);
-    let exit = classify(KafkaCall::Produce, &facts) == Action::Exit;
-    match e {
-        KafkaError::PartitionEOF(_) => Ok(()),
-        KafkaError::MessageConsumptionFatal(_)
-            if fatal == Some(RDKafkaErrorCode::FencedInstanceId) =>
-        {
-            Err(Interrupt::InstanceFenced(e.to_string()))
-        }
-        // A fatal consumer error means this consumer instance is done. Fenced by its
-        // group.instance.id (by its own rejoin after a session timeout, librdkafka#3437, or by
-        // another process of the instance): the loop decides, see YIELD_WITHIN. Otherwise the
-        // pipeline replaces it; anything unrecoverable (authorization) still exits.
-        KafkaError::MessageConsumptionFatal(_) if !exit => {
-            Err(Interrupt::ReplaceConsumer(e.to_string()))
-        }
-        _ if exit || matches!(e, KafkaError::MessageConsumptionFatal(_)) => {
-            Err(Interrupt::Fail(Error::kafka("consuming", e)))
-        }
-        _ => {
-            warn!(error = %e, "consumer error");
-            Ok(())
-        }
+/// What the loop does when its consumer cannot go on.
+fn interrupt(fault: Fault) -> Interrupt {
+    match fault {
+        Fault::InstanceFenced(why) => Interrupt::InstanceFenced(why),
+        Fault::Finished(why) => Interrupt::ReplaceConsumer(why),
+        Fault::Exit(e) => Interrupt::Fail(Error::kafka("consuming", e)),
     }
 }
 
 /// Borrows a consumed message as an [`InputRecord`].
-fn input_record<'a>(msg: &'a BorrowedMessage<'a>) -> InputRecord<'a> {
-    let headers = raw_headers::of(msg);
+fn input_record<'a>(msg: &'a Received<'a>) -> InputRecord<'a> {
     InputRecord {
         topic: msg.topic(),
         partition: msg.partition(),
         offset: msg.offset(),
-        timestamp: msg.timestamp().to_millis(),
+        timestamp: msg.timestamp(),
         key: msg.key(),
-        value: msg.payload(),
-        headers,
+        value: msg.value(),
+        headers: msg.headers(),
     }
 }
 

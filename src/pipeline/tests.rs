@@ -1119,17 +1119,3 @@ fn an_unknown_outcome_of_the_commit_before_a_revoke_is_heard_before_the_revoke()
         );
     }
 }
-
-/// A consumer fenced by another with its `group.instance.id` is told apart from any other
-/// fatal consumer error: only it may make a newcomer yield (`YIELD_WITHIN`).
-#[test]
-fn a_consumer_fenced_by_its_instance_id_is_told_apart_from_other_fatal_errors() {
-    use rdkafka::error::{KafkaError, RDKafkaErrorCode as Code};
-    let fatal = || KafkaError::MessageConsumptionFatal(Code::Fatal);
-    let fenced = super::consumer_error(fatal(), Some(Code::FencedInstanceId));
-    assert!(matches!(fenced, Err(Interrupt::InstanceFenced(_))));
-    let other = super::consumer_error(fatal(), Some(Code::UnreleasedInstanceId));
-    assert!(matches!(other, Err(Interrupt::ReplaceConsumer(_))));
-    let plain = KafkaError::MessageConsumption(Code::FencedInstanceId);
-    assert!(super::consumer_error(plain, Some(Code::FencedInstanceId)).is_ok());
-}

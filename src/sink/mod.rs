@@ -46,12 +46,12 @@ use crate::error::Error;
 use crate::events::{AbortReason, Ended};
 use crate::health::Health;
 use crate::kafka::failure::{Action, ClientError, KafkaCall, classify};
-use crate::kafka::member::{Generation, Member};
 use crate::kafka::{Settings, Tp};
 use crate::metrics::Metrics;
 use crate::records::Outgoing;
 use crate::transform::Refuser;
 
+pub use crate::kafka::consumer::{Committed, Group, SeekFailed, Starts};
 pub use bounds::Bounds;
 pub use driver::Driver;
 pub use offsets::Unapplied;
@@ -342,19 +342,6 @@ pub enum NotConnected {
     Exit(Error),
 }
 
-/// Where assigned partitions start reading.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Starts {
-    /// At the group's committed offsets (the Kafka sinks commit there).
-    Group,
-    /// Where the sink says, per partition (`None`: nothing kept there; the consumer starts
-    /// at the group's committed offset, else by its reset policy).
-    At(Vec<(Tp, Option<i64>)>),
-}
-
-/// What is committed for each partition asked about (`None`: nothing yet).
-pub type Committed = Vec<(Tp, Option<i64>)>;
-
 /// Why the committed offsets could not be read.
 #[derive(Debug)]
 pub enum Unreadable {
@@ -404,40 +391,4 @@ pub enum Content {
     Output,
     /// The dead-letter copy of an input that could not go out, and why.
     DeadLetter(crate::transform::Reason),
-}
-
-/// The consumer group, as the sink and the rewind see it: Kafka's, since membership is.
-pub trait Group {
-    /// The group's generation, for a transactional offset commit (`None` before joining).
-    fn metadata(&self) -> Option<Generation>;
-    /// This member's generation and id now (`None`: not known).
-    fn member(&self) -> Option<Member>;
-    /// Commits `offsets` outside any transaction.
-    fn commit_offsets(&self, offsets: &[(Tp, i64)]) -> Result<(), ClientError>;
-    /// Copies `offsets` into the group without waiting (what a sink that keeps its own
-    /// offsets tells the group's readers: lag exporters, `kafka-consumer-groups`).
-    fn copy_offsets(&self, offsets: &[(Tp, i64)]) -> Result<(), ClientError>;
-    /// The group's committed offsets of `partitions` (`None`: nothing committed).
-    fn committed(&self, partitions: &[Tp], timeout: Duration) -> Result<Committed, ClientError>;
-    /// The consumer's position in each assigned partition that has one (a seek unsets it
-    /// until the next record).
-    fn positions(&self) -> Vec<(Tp, i64)>;
-    /// The partitions assigned now.
-    fn assignment(&self) -> Result<Vec<Tp>, ClientError>;
-    /// Moves the consumer to `offsets`. A partition that could not move comes back with why.
-    fn seek(&self, offsets: &[(Tp, i64)], timeout: Duration) -> Result<(), SeekFailed>;
-    /// Stops fetching `partitions` until they are assigned again (another owner took them)
-    /// or resumed.
-    fn pause(&self, partitions: &[Tp]) -> Result<(), ClientError>;
-    /// Fetches `partitions` again.
-    fn resume(&self, partitions: &[Tp]) -> Result<(), ClientError>;
-}
-
-/// Why a seek did not move every partition.
-#[derive(Debug)]
-pub enum SeekFailed {
-    /// The call itself failed.
-    Call(ClientError),
-    /// This partition did not move.
-    Partition(Tp, ClientError),
 }

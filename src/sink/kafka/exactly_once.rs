@@ -460,7 +460,7 @@ mod tests {
 
     #[test]
     fn a_consumer_that_has_not_joined_commits_no_offsets() {
-        let (cluster, consumer) = kafka::member::unjoined_mock_consumer("in");
+        let (cluster, consumer) = kafka::consumer::unjoined_mock("in");
         // Metadata, but with no generation or member id: not fenced by the group.
         assert!(Group::metadata(&consumer).is_some());
         let kafka = Settings {

@@ -5,12 +5,11 @@
 //!   is delivered. A crash can duplicate outputs, never lose them.
 //!
 //! Both send through `producer`'s `TrackedProducer` (delivery reports, refusals, the lines
-//! librdkafka logs about denied topics); `group` is the [`crate::sink::Group`] of
-//! rust-rdkafka's consumer.
+//! librdkafka logs about denied topics); the group they commit into is the consumer's
+//! ([`crate::kafka::consumer::Group`]).
 
 pub mod at_least_once;
 pub mod exactly_once;
-mod group;
 mod producer;
 
 pub use at_least_once::AtLeastOnce;
