@@ -175,7 +175,40 @@ def upward(src, nodes, edges, out):
     return ok
 
 
+CONFINED = re.compile(r"Only (.*?) name rust-rdkafka")
+RDKAFKA = re.compile(r"\brdkafka(?:_sys)?\s*::")
+
+
+def confined(src, out):
+    """Whether rust-rdkafka is named only under the paths lib.rs's map allows (the sentence
+    "Only `x`, `y/z` … name rust-rdkafka"): every other file speaks exactly's own types."""
+    with open(os.path.join(src, "lib.rs")) as f:
+        found = CONFINED.search(" ".join(l.lstrip("/! ").strip() for l in f))
+    if not found:
+        print("modgraph: lib.rs's map does not say where rust-rdkafka may be named", file=out)
+        return False
+    allowed = re.findall(r"`([^`]+)`", found.group(1))
+    leaks = []
+    for dirpath, _, names in sorted(os.walk(src)):
+        for name in sorted(n for n in names if n.endswith(".rs")):
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, src)
+            if rel in ("lib.rs", "main.rs") or any(
+                    rel == a + ".rs" or rel.startswith(a + os.sep) for a in allowed):
+                continue
+            with open(path) as f:
+                code = blank(f.read())
+            for m in RDKAFKA.finditer(code):
+                line = code.count("\n", 0, m.start()) + 1
+                leaks.append(f"src/{rel}:{line}")
+    for leak in leaks:
+        print(f"modgraph: rust-rdkafka named outside {', '.join(allowed)}: {leak}", file=out)
+    return not leaks
+
+
 def check(src, out=sys.stdout):
+    if not confined(src, out):
+        return False
     nodes, edges = scan(src)
     succ = {v: sorted(y for x, y in edges if x == v) for v in nodes}
     if not upward(src, nodes, edges, out):
@@ -201,8 +234,8 @@ def check(src, out=sys.stdout):
     return True
 
 
-LAYERED = "//! Imports run one way: `b` → `c` → `a`\n//!\n"
-CYCLIC = {"lib.rs": "//! Imports run one way: `a`, `b` → here\n//!\npub mod a;\npub mod b;\n", "a.rs": "use crate::{b::X};\npub struct Y;\n",
+LAYERED = "//! Imports run one way: `b` → `c` → `a`\n//!\n//! Only `c` name rust-rdkafka.\n"
+CYCLIC = {"lib.rs": "//! Imports run one way: `a`, `b` → here\n//!\n//! Only `a` name rust-rdkafka.\npub mod a;\npub mod b;\n", "a.rs": "use crate::{b::X};\npub struct Y;\n",
           "b.rs": "pub struct X;\nfn f() -> crate::a::Y { todo!() }\n"}
 ACYCLIC = {  # b.rs: comments and strings make no b -> a; c/mod.rs: chars hide no c -> b
     "lib.rs": LAYERED + "pub mod a;\npub mod b;\npub mod c;\nuse crate::a::f;\n", "main.rs": "use exactly::a;\n",
@@ -211,18 +244,19 @@ ACYCLIC = {  # b.rs: comments and strings make no b -> a; c/mod.rs: chars hide n
             "const S: &str = \"crate::a \\\" crate::a\";\nconst R: &str = r#\"x \" crate::a\"#;\n"
             "pub struct X;\n",
     "c/mod.rs": "pub mod inner;\nfn g<'x>(_: &'x u8) -> char { '\"' }\nuse crate::b::X;\n",
-    "c/inner.rs": "use super::super::b;\nuse crate::c::Other;\npub struct Z;\n"}
+    "c/inner.rs": "use super::super::b;\nuse crate::c::Other;\nuse rdkafka::Message;\npub struct Z;\n"}
 
 
-UPWARD = dict(ACYCLIC, **{"lib.rs": "//! Imports run one way: `b`, `a` → `c`\n//!\n"})
-UNLAYERED = dict(ACYCLIC, **{"lib.rs": "//! Imports run one way: `b` → `c` → `d`\n//!\n"})
+UPWARD = dict(ACYCLIC, **{"lib.rs": "//! Imports run one way: `b`, `a` → `c`\n//!\n//! Only `c` name rust-rdkafka.\n"})
+UNLAYERED = dict(ACYCLIC, **{"lib.rs": "//! Imports run one way: `b` → `c` → `d`\n//!\n//! Only `c` name rust-rdkafka.\n"})
+LEAKY = dict(ACYCLIC, **{"b.rs": ACYCLIC["b.rs"] + "// rdkafka::in_a_comment\nfn h(e: rdkafka::error::KafkaError) {}\n"})
 
 
 def self_test():
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, files in (("cyclic", CYCLIC), ("acyclic", ACYCLIC), ("upward", UPWARD),
-                            ("unlayered", UNLAYERED)):
+                            ("unlayered", UNLAYERED), ("leaky", LEAKY)):
             for rel, text in files.items():
                 path = os.path.join(tmp, name, "src", rel)
                 os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -231,13 +265,14 @@ def self_test():
             buf = io.StringIO()
             results.append((check(os.path.join(tmp, name, "src"), buf), buf.getvalue()))
             print(f"--- {name}\n{buf.getvalue()}", end="")
-    (ok1, out1), (ok2, out2), (ok3, out3), (ok4, out4) = results
+    (ok1, out1), (ok2, out2), (ok3, out3), (ok4, out4), (ok5, out5) = results
     assert not ok1 and out1.startswith("modgraph: cycle: a -> b -> a\n"), out1
     assert "src/a.rs:1: use crate::{b::X};" in out1 and "src/b.rs:2: fn f()" in out1, out1
     assert ok2 and out2 == "b: -\nc: b\na: b, c\nmodgraph: 3 modules, acyclic\n", out2
     assert not ok3 and "modgraph: upwards: a (layer 0) -> c (layer 1): src/a.rs:1:" in out3, out3
     assert not ok4 and "modgraph: a is in no layer of lib.rs's map" in out4, out4
     assert "modgraph: lib.rs's map names d, which is no module of src/" in out4, out4
+    assert not ok5 and out5 == "modgraph: rust-rdkafka named outside c: src/b.rs:9\n", out5
     print("modgraph: self-test passed")
 
 

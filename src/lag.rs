@@ -17,12 +17,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::error::Error;
 use crate::kafka::consumer::Read;
+use crate::kafka::ends::Ends;
 use crate::kafka::{Isolation, Role, Settings};
 use crate::metrics::{Metrics, PartitionOffsets};
 
@@ -115,8 +115,8 @@ fn held_back(next: Option<i64>, start: Option<i64>, ours: Option<i64>) -> Option
 
 /// Two clients that only ask for end offsets.
 struct EndOffsets {
-    committed: BaseConsumer,
-    uncommitted: BaseConsumer,
+    committed: Ends,
+    uncommitted: Ends,
     timeout: Duration,
     /// The last answer per partition: a failed query reports it again instead of dropping the
     /// partition's series, which alerts would read as a gap.
@@ -125,8 +125,8 @@ struct EndOffsets {
 
 impl EndOffsets {
     fn new(kafka: &Settings, interval: Duration) -> Result<EndOffsets, Error> {
-        let client = |isolation| -> Result<BaseConsumer, Error> {
-            Ok(kafka.client(Role::EndOffsets { isolation }).create()?)
+        let client = |isolation| -> Result<Ends, Error> {
+            Ok(Ends::create(&kafka.client(Role::EndOffsets { isolation }))?)
         };
         Ok(EndOffsets {
             committed: client(Isolation::ReadCommitted)?,
@@ -140,11 +140,11 @@ impl EndOffsets {
     /// answer (and is left out before it has one).
     fn query(&self, positions: &[Position]) -> Vec<PartitionOffsets> {
         // Serves the clients' events (errors, logs), which nothing else polls.
-        let _ = self.committed.poll(Duration::ZERO);
-        let _ = self.uncommitted.poll(Duration::ZERO);
-        let latest = |client: &BaseConsumer, p: &Position| {
+        self.committed.serve();
+        self.uncommitted.serve();
+        let latest = |client: &Ends, p: &Position| {
             client
-                .fetch_watermarks(&p.topic, p.partition, self.timeout)
+                .watermarks(&p.topic, p.partition, self.timeout)
                 .map(|(_, high)| high)
                 .map_err(|e| debug!(topic = %p.topic, partition = p.partition, error = %e, "end offsets"))
                 .ok()

@@ -13,6 +13,9 @@
 //! `state`, `config`, `telemetry` → `transform`, `offsets`, `state_command` →
 //! `headers`, `records`, `events` → `sink`, `audit` → `pipeline` → `sim` (testing only) → here.
 //!
+//! Only `kafka`, `sink/kafka`, `audit` and `offsets` name rust-rdkafka (`scripts/modgraph.py`
+//! checks that too): everywhere else, Kafka is spoken of in exactly's own types.
+//!
 //! - [`config`]: the command line and `EXACTLY_…` environment, one file per subcommand,
 //!   validated before anything runs; `exactly run`'s [`config::Config`] comes in the parts each
 //!   piece is built from (group, sink, commit policy, error policy, test switches).
@@ -68,7 +71,9 @@
 //!   the one table that says what it means (retry, abort and rewind, unknown outcome,
 //!   recreate, exit); [`kafka::consumer`]: the group's consumer in exactly's terms (polled
 //!   records, faults, closing within a deadline; rebalances told to its
-//!   [`kafka::consumer::Owner`]; the [`kafka::consumer::Group`] the sinks and the rewind use).
+//!   [`kafka::consumer::Owner`]; the [`kafka::consumer::Group`] the sinks and the rewind use);
+//!   the changelog's clients: [`kafka::admin`] (topics listed, created, described, grown),
+//!   [`kafka::reader`] (one partition read in no group), [`kafka::ends`] (watermarks).
 //! - [`error`]: the errors that stop a command.
 //! - [`backoff`]: every pause after failures in a row, one named schedule each; [`clock`]: the
 //!   loop's pauses and the age of its open unit, which the simulator keeps on its own clock.

@@ -213,7 +213,7 @@ impl Metrics {
         build_info
             .with_label_values(&[
                 env!("CARGO_PKG_VERSION"),
-                &rdkafka::util::get_rdkafka_version().1,
+                &crate::kafka::librdkafka_version(),
             ])
             .set(1);
         let mut metrics = Metrics {

@@ -9,8 +9,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -34,13 +32,9 @@ pub fn command(args: StateArgs) -> u8 {
 
 /// How many partitions `topic` has.
 fn partitions(kafka: &Settings, topic: &str, timeout: Duration) -> Result<i32, Error> {
-    let c: BaseConsumer = kafka.client(Role::Restore).create()?;
-    let md = c
-        .fetch_metadata(None, timeout)
-        .map_err(|e| Error::Startup(format!("the cluster's topics: {e}")))?;
-    let t = md.topics().iter().find(|t| t.name() == topic);
-    match t.map(|t| t.partitions().len()) {
-        Some(n) if n > 0 => Ok(i32::try_from(n).unwrap_or(i32::MAX)),
+    let admin = crate::kafka::admin::Admin::create(&kafka.client(Role::Admin))?;
+    match admin.partitions(topic, timeout).map_err(Error::Startup)? {
+        Some((n, _)) if n > 0 => Ok(i32::try_from(n).unwrap_or(i32::MAX)),
         _ => Err(Error::Config(format!("topic '{topic}' does not exist"))),
     }
 }
@@ -237,32 +231,14 @@ fn write(
     runtime
         .block_on(crate::state::topic::ensure(&admin, &wanted, timeout))
         .map_err(|e| Error::Startup(format!("--state-changelog: {e}")))?;
-    let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> =
-        kafka.client(Role::Idempotent).create()?;
-    for (p, change) in plan {
-        let (key, value) = encode(change);
-        let mut record = BaseRecord::to(&a.changelog.state_changelog)
-            .partition(*p)
-            .key(&key)
-            .payload(&value);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((e, r))
-                    if e.rdkafka_error_code()
-                        == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
-                {
-                    record = r;
-                    producer.poll(Duration::from_millis(10));
-                }
-                Err((e, _)) => return Err(Error::Startup(format!("producing: {e}"))),
-            }
-        }
-    }
-    producer
-        .flush(timeout)
-        .map_err(|e| Error::Startup(format!("delivering the keys: {e}")))?;
-    Ok(())
+    let records: Vec<(i32, Vec<u8>, Vec<u8>)> = (plan.iter())
+        .map(|(p, change)| {
+            let (key, value) = encode(change);
+            (*p, key, value)
+        })
+        .collect();
+    let writer = crate::kafka::produce::Writer::create(&kafka.client(Role::Idempotent))?;
+    (writer.write_all(&a.changelog.state_changelog, &records, timeout)).map_err(Error::Startup)
 }
 
 #[cfg(test)]

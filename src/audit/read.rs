@@ -18,6 +18,7 @@ use crate::config::{Bound, Plan};
 use crate::error::Error;
 use crate::kafka::{Isolation, Role};
 use crate::offsets;
+use crate::transform::InputRecord;
 
 /// Consumer context that does not report reaching the end of a partition as an error: the
 /// audit asks for those events (`enable.partition.eof`) and handles them in its poll loop.
@@ -354,7 +355,7 @@ fn read_ranges(
                     open.remove(&p);
                     continue;
                 }
-                out.push(Rec::from_message(&m));
+                out.push(copy(&m));
                 if m.offset() + 1 >= end {
                     open.remove(&p);
                 }
@@ -363,6 +364,19 @@ fn read_ranges(
     }
     c.unassign().map_err(kafka("unassigning"))?;
     Ok(out)
+}
+
+/// Copies a record read.
+fn copy(m: &rdkafka::message::BorrowedMessage<'_>) -> Rec {
+    Rec::of(&InputRecord {
+        topic: m.topic(),
+        partition: m.partition(),
+        offset: m.offset(),
+        timestamp: m.timestamp().to_millis(),
+        key: m.key(),
+        value: m.payload(),
+        headers: crate::kafka::raw_headers::of(m),
+    })
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::error::Error;
-use crate::kafka::{Common, REDACTED, is_secret};
+use crate::kafka::Common;
 
 pub use audit::{AuditArgs, AuditConfig, Bound, Plan};
 pub use dedup::{AggregateConfig, DedupArgs, DedupConfig, DedupStateArgs, Emit, Late};
@@ -193,19 +193,7 @@ fn check_passthrough(
                 "{flag}: '{key}' is set by exactly and cannot be overridden; use {instead}"
             )));
         }
-        let mut one = rdkafka::ClientConfig::new();
-        one.set(key, value);
-        if let Err(e) = one.create_native_config() {
-            // librdkafka's own words, without rust-rdkafka's copy of the key and value. They
-            // quote an invalid value, and a secret's is not shown; an unknown key's value is
-            // never shown (a misspelt `sasl.pasword` holds a password all the same).
-            let mut said = match e {
-                rdkafka::error::KafkaError::ClientConfig(_, desc, _, _) => desc,
-                other => other.to_string(),
-            };
-            if is_secret(key) && !value.is_empty() {
-                said = said.replace(value.as_str(), REDACTED);
-            }
+        if let Some(said) = crate::kafka::refused_setting(key, value) {
             return Err(Error::Config(format!("{flag}: {key}: {said}")));
         }
     }

@@ -76,7 +76,7 @@ pub struct Context<O>(O);
 pub struct Consumer<O: Owner>(BaseConsumer<Context<O>>);
 
 /// A record polled, borrowed from the consumer until the next poll.
-pub struct Received<'a>(BorrowedMessage<'a>);
+pub struct Received<'a>(pub(super) BorrowedMessage<'a>);
 
 impl Received<'_> {
     /// Its topic.

@@ -30,6 +30,14 @@ impl ClientError {
         self.0.rdkafka_error_code()
     }
 
+    /// Whether it says the topic or the partition does not exist.
+    pub fn unknown_partition(&self) -> bool {
+        matches!(
+            self.code(),
+            Some(Code::UnknownPartition | Code::UnknownTopicOrPartition)
+        )
+    }
+
     /// An error with a bare code (the simulator's and the fakes' brokers, and errors exactly
     /// builds itself).
     pub fn of(code: Code) -> ClientError {

@@ -15,18 +15,25 @@
 //! Secrets: [`is_secret`] is the one rule for which settings are never shown, and
 //! [`Settings`]' `Debug` follows it.
 //!
-//! A leaf: nothing here knows the rest of exactly. The librdkafka calls rust-rdkafka does not
-//! offer live behind small safe wrappers: [`produce`] (through topic handles), [`raw_headers`]
-//! (header names as bytes), [`member`] (the group generation an offset commit is fenced by)
-//! and [`flush`]; `denial` reads what the cluster says when it says no ([`Refusal`],
-//! [`denied`], [`denied_partition`], [`timed_out_txn_request`]).
+//! A leaf: nothing here knows the rest of exactly, and the rest of exactly (but the Kafka sinks,
+//! the audit and the offsets tool) knows rust-rdkafka only through here: [`consumer`] (the
+//! group's consumer, its rebalances told to an owner), [`failure`] (a failed call, and what it
+//! means), [`admin`], [`reader`] and [`ends`] (the changelog's topic, its restore, watermarks).
+//! The librdkafka calls rust-rdkafka does not offer live behind small safe wrappers:
+//! [`produce`] (through topic handles), [`raw_headers`] (header names as bytes), [`member`]
+//! (the group generation an offset commit is fenced by) and [`flush`]; `denial` reads what the
+//! cluster says when it says no ([`Refusal`], [`denied`], [`denied_partition`],
+//! [`timed_out_txn_request`]).
 
+pub mod admin;
 pub mod consumer;
 mod denial;
+pub mod ends;
 pub mod failure;
 pub mod member;
 pub mod produce;
 pub mod raw_headers;
+pub mod reader;
 
 pub use denial::{Refusal, denied, denied_partition, timed_out_txn_request};
 
@@ -39,6 +46,29 @@ use rdkafka::config::{FromClientConfig, FromClientConfigAndContext};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::Producer;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+
+/// What librdkafka says of `key` = `value`, if it refuses it: its own words, without
+/// rust-rdkafka's copy of the key and value. They quote an invalid value, and a secret's is not
+/// shown; an unknown key's value is never shown (a misspelt `sasl.pasword` holds a password all
+/// the same).
+pub fn refused_setting(key: &str, value: &str) -> Option<String> {
+    let mut one = ClientConfig::new();
+    one.set(key, value);
+    let e = one.create_native_config().err()?;
+    let mut said = match e {
+        KafkaError::ClientConfig(_, desc, _, _) => desc,
+        other => other.to_string(),
+    };
+    if is_secret(key) && !value.is_empty() {
+        said = said.replace(value, REDACTED);
+    }
+    Some(said)
+}
+
+/// librdkafka's version.
+pub fn librdkafka_version() -> String {
+    rdkafka::util::get_rdkafka_version().1
+}
 
 /// How to reach the cluster, and the user's extra librdkafka settings.
 #[derive(Clone, Default, PartialEq, Eq)]

@@ -149,6 +149,53 @@ impl Drop for Handle {
     }
 }
 
+/// A plain producer, for a tool that writes a batch and waits for it (`exactly state import`).
+pub struct Writer(ThreadedProducer<rdkafka::producer::DefaultProducerContext>);
+
+impl Writer {
+    /// Created by `client` (its role says how: idempotent, say).
+    pub fn create(client: &super::Client) -> Result<Writer, super::NotCreated> {
+        Ok(Writer(client.create()?))
+    }
+
+    /// Writes `records` (partition, key, value) to `topic`, and waits up to `timeout` for all
+    /// of them to be sent.
+    pub fn write_all(
+        &self,
+        topic: &str,
+        records: &[(i32, Vec<u8>, Vec<u8>)],
+        timeout: std::time::Duration,
+    ) -> Result<(), String> {
+        write_all(&self.0, topic, records, timeout)
+    }
+}
+
+fn write_all(
+    producer: &ThreadedProducer<rdkafka::producer::DefaultProducerContext>,
+    topic: &str,
+    records: &[(i32, Vec<u8>, Vec<u8>)],
+    timeout: std::time::Duration,
+) -> Result<(), String> {
+    use rdkafka::producer::BaseRecord;
+    for (partition, key, value) in records {
+        let mut record = BaseRecord::to(topic)
+            .partition(*partition)
+            .key(key)
+            .payload(value);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((e, r)) if e.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull) => {
+                    record = r;
+                    producer.poll(std::time::Duration::from_millis(10));
+                }
+                Err((e, _)) => return Err(format!("producing: {e}")),
+            }
+        }
+    }
+    (producer.flush(timeout)).map_err(|e| format!("delivering the keys: {e}"))
+}
+
 fn bytes(b: Option<&[u8]>) -> (*mut c_void, usize) {
     b.map_or((ptr::null_mut(), 0), |b| {
         (b.as_ptr() as *mut c_void, b.len())

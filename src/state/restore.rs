@@ -11,13 +11,11 @@
 
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::AdminClient;
-use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::RDKafkaErrorCode;
-use rdkafka::{Message, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
+use crate::kafka::admin::Admin;
+use crate::kafka::ends::Ends;
+use crate::kafka::reader::Reader;
 use crate::kafka::{Isolation, NotCreated, Role, Settings};
 
 /// What a read hands each record to: its offset, key and value.
@@ -95,14 +93,14 @@ impl Changelog for Empty {
 /// A changelog topic on the cluster.
 pub struct KafkaChangelog {
     topic: String,
-    reader: BaseConsumer,
+    reader: Reader,
     /// Asks for high watermarks (`read_uncommitted`).
-    meter: BaseConsumer,
+    meter: Ends,
     /// The longest one read may take.
     bound: Duration,
     shutdown: CancellationToken,
     /// Grows the topic: an admin client, and the runtime its calls run on.
-    grower: Option<(AdminClient<DefaultClientContext>, tokio::runtime::Handle)>,
+    grower: Option<(Admin, tokio::runtime::Handle)>,
 }
 
 impl KafkaChangelog {
@@ -114,13 +112,13 @@ impl KafkaChangelog {
         bound: Duration,
         shutdown: CancellationToken,
     ) -> Result<KafkaChangelog, NotCreated> {
-        let create = |role| kafka.client(role).create::<BaseConsumer>();
+        let meter = Role::EndOffsets {
+            isolation: Isolation::ReadUncommitted,
+        };
         Ok(KafkaChangelog {
             topic: topic.to_string(),
-            reader: create(Role::Restore)?,
-            meter: create(Role::EndOffsets {
-                isolation: Isolation::ReadUncommitted,
-            })?,
+            reader: Reader::create(&kafka.client(Role::Restore))?,
+            meter: Ends::create(&kafka.client(meter))?,
             bound,
             shutdown,
             grower: None,
@@ -129,21 +127,13 @@ impl KafkaChangelog {
 
     /// It grows through `admin`, whose calls run on `runtime` (the loop's thread is none of
     /// its).
-    pub fn growing(
-        mut self,
-        admin: AdminClient<DefaultClientContext>,
-        runtime: tokio::runtime::Handle,
-    ) -> KafkaChangelog {
+    pub fn growing(mut self, admin: Admin, runtime: tokio::runtime::Handle) -> KafkaChangelog {
         self.grower = Some((admin, runtime));
         self
     }
 
     fn position(&self, partition: i32) -> Option<i64> {
-        let tpl = self.reader.position().ok()?;
-        match tpl.find_partition(&self.topic, partition)?.offset() {
-            Offset::Offset(o) => Some(o),
-            _ => None,
-        }
+        self.reader.position(&self.topic, partition)
     }
 }
 
@@ -160,12 +150,10 @@ impl Changelog for KafkaChangelog {
         let failed = |what: &str| Unread::Failed(at(what));
         let (low, high) = self
             .meter
-            .fetch_watermarks(&self.topic, partition, self.bound)
-            .map_err(|e| match e.rdkafka_error_code() {
-                Some(
-                    RDKafkaErrorCode::UnknownPartition | RDKafkaErrorCode::UnknownTopicOrPartition,
-                ) => Unread::Missing(at("no such partition (the input grew since it was made)")),
-                _ => failed(&format!("its end offsets: {e}")),
+            .watermarks(&self.topic, partition, self.bound)
+            .map_err(|e| match e.unknown_partition() {
+                true => Unread::Missing(at("no such partition (the input grew since it was made)")),
+                false => failed(&format!("its end offsets: {e}")),
             })?;
         let done = |records, written| Read {
             records,
@@ -181,17 +169,14 @@ impl Changelog for KafkaChangelog {
             }
             // Before its start: retention deleted what is older (keys of windows long closed,
             // which the store may hold and drop): read what is left.
-            Some(o) if o < low => Offset::Beginning,
+            Some(o) if o < low => None,
             Some(o) if o == high => return Ok(done(0, None)),
-            Some(o) => Offset::Offset(o),
+            Some(o) => Some(o),
             None if high <= low => return Ok(done(0, None)),
-            None => Offset::Beginning,
+            None => None,
         };
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&self.topic, partition, offset)
-            .map_err(|e| failed(&e.to_string()))?;
         self.reader
-            .assign(&tpl)
+            .assign(&self.topic, partition, offset)
             .map_err(|e| failed(&format!("assign: {e}")))?;
         let (mut read, mut written) = (0u64, None);
         let result = loop {
@@ -209,9 +194,9 @@ impl Changelog for KafkaChangelog {
             // Short: at the tail only markers are left, and the position check below ends it.
             match self.reader.poll(Duration::from_millis(10)) {
                 Some(Ok(m)) => {
-                    each(m.offset(), m.key(), m.payload());
+                    each(m.offset(), m.key(), m.value());
                     read += 1;
-                    written = m.timestamp().to_millis().or(written);
+                    written = m.timestamp().or(written);
                     if m.offset() + 1 >= high {
                         break Ok(done(read, written));
                     }
@@ -225,14 +210,14 @@ impl Changelog for KafkaChangelog {
                 }
             }
         };
-        let _ = self.reader.unassign();
+        self.reader.unassign();
         result
     }
 
     fn end(&mut self, partition: i32) -> Result<i64, String> {
         let (_, high) = self
             .meter
-            .fetch_watermarks(&self.topic, partition, self.bound)
+            .watermarks(&self.topic, partition, self.bound)
             .map_err(|e| format!("changelog {}[{partition}]: its end: {e}", self.topic))?;
         Ok(high)
     }

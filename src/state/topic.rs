@@ -7,12 +7,7 @@
 
 use std::time::Duration;
 
-use rdkafka::admin::{
-    AdminClient, AdminOptions, NewPartitions, NewTopic, ResourceSpecifier, TopicReplication,
-};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::error::RDKafkaErrorCode;
-
+use crate::kafka::admin::{Admin, Done};
 use crate::kafka::{NotCreated, Role, Settings};
 
 /// What the changelog must be.
@@ -27,28 +22,23 @@ pub struct Wanted<'a> {
 }
 
 /// The admin client [`ensure`] asks.
-pub fn admin(kafka: &Settings) -> Result<AdminClient<DefaultClientContext>, NotCreated> {
-    kafka.client(Role::Admin).create()
+pub fn admin(kafka: &Settings) -> Result<Admin, NotCreated> {
+    Admin::create(&kafka.client(Role::Admin))
 }
 
 /// Creates the changelog if it is missing, then checks it, through `admin`. An error says
 /// what is wrong (a wrong partition count, a policy that would delete keys too early), or why
 /// the cluster could not be asked.
-pub async fn ensure(
-    admin: &AdminClient<DefaultClientContext>,
-    wanted: &Wanted<'_>,
-    timeout: Duration,
-) -> Result<(), String> {
-    let (input_partitions, replicas) = partitions(admin, wanted.input, timeout)?
+pub async fn ensure(admin: &Admin, wanted: &Wanted<'_>, timeout: Duration) -> Result<(), String> {
+    let (input_partitions, replicas) = (admin.partitions(wanted.input, timeout)?)
         .ok_or_else(|| format!("the input topic '{}' does not exist", wanted.input))?;
-    let opts = AdminOptions::new().operation_timeout(Some(timeout));
-    if partitions(admin, wanted.changelog, timeout)?.is_none() {
-        create(admin, wanted, (input_partitions, replicas), &opts).await?;
+    if admin.partitions(wanted.changelog, timeout)?.is_none() {
+        create(admin, wanted, (input_partitions, replicas), timeout).await?;
     }
     // A topic just created takes a moment to reach every broker's metadata.
     let listed_by = std::time::Instant::now() + timeout;
     let have = loop {
-        match partitions(admin, wanted.changelog, timeout)? {
+        match admin.partitions(wanted.changelog, timeout)? {
             Some((have, _)) => break have,
             None if std::time::Instant::now() < listed_by => {
                 tokio::time::sleep(Duration::from_millis(100)).await
@@ -70,7 +60,7 @@ pub async fn ensure(
         ));
     }
     // A topic refused for its configuration is not altered first.
-    check(admin, wanted, &opts).await?;
+    check(admin, wanted, timeout).await?;
     if have < input_partitions
         && let Err(e) = grow(admin, wanted.changelog, input_partitions, timeout).await
     {
@@ -84,112 +74,67 @@ pub async fn ensure(
     Ok(())
 }
 
-/// The partitions and replicas of topic `name`, if it exists. All topics are asked for:
-/// asking for one by name may create it with the broker's defaults.
-fn partitions(
-    admin: &AdminClient<DefaultClientContext>,
-    name: &str,
-    timeout: Duration,
-) -> Result<Option<(usize, usize)>, String> {
-    let md = admin
-        .inner()
-        .fetch_metadata(None, timeout)
-        .map_err(|e| format!("the cluster's topics: {e}"))?;
-    Ok(md.topics().iter().find(|t| t.name() == name).map(|t| {
-        let replicas = t.partitions().first().map_or(1, |p| p.replicas().len());
-        (t.partitions().len(), replicas)
-    }))
-}
-
 /// Creates the changelog with the input's partitions and replicas.
 async fn create(
-    admin: &AdminClient<DefaultClientContext>,
+    admin: &Admin,
     wanted: &Wanted<'_>,
     (partitions, replicas): (usize, usize),
-    opts: &AdminOptions,
+    timeout: Duration,
 ) -> Result<(), String> {
     let retention = wanted.retention.as_millis().to_string();
-    let topic = NewTopic::new(
-        wanted.changelog,
-        i32::try_from(partitions).unwrap_or(i32::MAX),
-        TopicReplication::Fixed(i32::try_from(replicas).unwrap_or(1)),
-    )
-    .set("cleanup.policy", "compact,delete")
-    .set("retention.ms", &retention)
-    .set("message.timestamp.type", "CreateTime");
-    let created = admin
-        .create_topics([&topic], opts)
-        .await
-        .map_err(|e| format!("creating '{}': {e}", wanted.changelog))?;
-    for result in created {
-        match result {
-            Ok(_) => tracing::info!(
-                topic = wanted.changelog,
-                partitions,
-                retention_ms = %retention,
-                "changelog topic created"
-            ),
-            // Another instance created it meanwhile: checked like any other.
-            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((name, code)) => return Err(format!("creating '{name}': {code}")),
-        }
+    let configs = [
+        ("cleanup.policy", "compact,delete"),
+        ("retention.ms", retention.as_str()),
+        ("message.timestamp.type", "CreateTime"),
+    ];
+    let done = (admin)
+        .create_topic(wanted.changelog, (partitions, replicas), &configs, timeout)
+        .await?;
+    // Another instance created it meanwhile: checked like any other.
+    if done == Done::Done {
+        tracing::info!(
+            topic = wanted.changelog,
+            partitions,
+            retention_ms = %retention,
+            "changelog topic created"
+        );
     }
     Ok(())
 }
 
 /// Checks the changelog's configuration.
-async fn check(
-    admin: &AdminClient<DefaultClientContext>,
-    wanted: &Wanted<'_>,
-    opts: &AdminOptions,
-) -> Result<(), String> {
-    let configs = admin
-        .describe_configs([&ResourceSpecifier::Topic(wanted.changelog)], opts)
-        .await
-        .map_err(|e| format!("describing '{}': {e}", wanted.changelog))?;
-    let resource = configs
-        .into_iter()
-        .next()
-        .ok_or_else(|| format!("describing '{}': no answer", wanted.changelog))?
-        .map_err(|e| format!("describing '{}': {e}", wanted.changelog))?;
-    let value = |name: &str| resource.get(name).and_then(|e| e.value.clone());
+async fn check(admin: &Admin, wanted: &Wanted<'_>, timeout: Duration) -> Result<(), String> {
+    let keys = ["cleanup.policy", "retention.ms", "retention.bytes"];
+    let values = admin.configs(wanted.changelog, &keys, timeout).await?;
+    let value = |i: usize| values.get(i).cloned().flatten();
     check_configs(
         wanted,
-        value("cleanup.policy").as_deref(),
-        value("retention.ms").as_deref(),
-        value("retention.bytes").as_deref(),
+        value(0).as_deref(),
+        value(1).as_deref(),
+        value(2).as_deref(),
     )
 }
 
 /// Grows `changelog` to `partitions` (it has fewer: the input grew). Another instance that grew
 /// it first is no error. An error says why it could not (a grant missing: ALTER on the topic).
 pub async fn grow(
-    admin: &AdminClient<DefaultClientContext>,
+    admin: &Admin,
     changelog: &str,
     partitions: usize,
     timeout: Duration,
 ) -> Result<(), String> {
-    let opts = AdminOptions::new().operation_timeout(Some(timeout));
-    let wanted = NewPartitions::new(changelog, partitions);
-    let grown = admin
-        .create_partitions([&wanted], &opts)
-        .await
-        .map_err(|e| format!("growing '{changelog}' to {partitions} partitions: {e}"))?;
-    for result in grown {
-        match result {
-            Ok(_) => tracing::info!(changelog, partitions, "changelog grown with the input"),
-            // It has that many already.
-            Err((_, RDKafkaErrorCode::InvalidPartitions)) => {}
-            Err((_, code)) => {
-                return Err(format!(
-                    "growing '{changelog}' to {partitions} partitions: {code} (the principal \
-                     needs ALTER on topic '{changelog}'; or add them: kafka-topics.sh --alter \
-                     --topic {changelog} --partitions {partitions})"
-                ));
-            }
+    match admin.grow(changelog, partitions, timeout).await {
+        Ok(Done::Done) => {
+            tracing::info!(changelog, partitions, "changelog grown with the input");
+            Ok(())
         }
+        Ok(Done::Already) => Ok(()),
+        Err(e) => Err(format!(
+            "growing '{changelog}' to {partitions} partitions: {e} (the principal needs ALTER \
+             on topic '{changelog}'; or add them: kafka-topics.sh --alter --topic {changelog} \
+             --partitions {partitions})"
+        )),
     }
-    Ok(())
 }
 
 /// Whether a changelog's `cleanup.policy`, `retention.ms` and `retention.bytes` keep what a

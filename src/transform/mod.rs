@@ -216,20 +216,6 @@ pub struct OwnedRecord {
 }
 
 impl OwnedRecord {
-    /// Copies a consumed message.
-    pub fn from_message(m: &rdkafka::message::BorrowedMessage<'_>) -> OwnedRecord {
-        use rdkafka::Message;
-        OwnedRecord::of(&InputRecord {
-            topic: m.topic(),
-            partition: m.partition(),
-            offset: m.offset(),
-            timestamp: m.timestamp().to_millis(),
-            key: m.key(),
-            value: m.payload(),
-            headers: crate::kafka::raw_headers::of(m),
-        })
-    }
-
     /// Copies a borrowed record.
     pub fn of(input: &InputRecord<'_>) -> OwnedRecord {
         OwnedRecord {

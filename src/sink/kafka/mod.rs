@@ -11,6 +11,8 @@
 pub mod at_least_once;
 pub mod exactly_once;
 mod producer;
+#[cfg(test)]
+mod size;
 
 pub use at_least_once::AtLeastOnce;
 pub use exactly_once::ExactlyOnce;
