@@ -10,7 +10,7 @@
 //! below (`scripts/modgraph.py` checks it in CI, and that every module is in a layer; and
 //! `scripts/sizes.py` that no file passes 800 lines nor function 80, tests apart):
 //! `error`, `kafka`, `metrics`, `health`, `backoff`, `clock`, `db`, `http`, `lag` →
-//! `state`, `config`, `telemetry` → `transform`, `offsets`, `state_command` →
+//! `state`, `config`, `telemetry`, `switches` → `transform`, `offsets`, `state_command` →
 //! `headers`, `records`, `events` → `sink`, `audit` → `pipeline` → `sim` (testing only) → here.
 //!
 //! Only `kafka`, `sink/kafka`, `audit` and `offsets` name rust-rdkafka (`scripts/modgraph.py`
@@ -126,6 +126,7 @@ mod sim;
 pub mod sink;
 pub mod state;
 pub mod state_command;
+pub mod switches;
 pub mod telemetry;
 pub mod transform;
 
@@ -146,6 +147,7 @@ const LOOP_STACK: usize = 64 << 20;
 /// The loop runs on a thread of its own, since librdkafka's calls block; the async side only
 /// watches it. Cancelling `shutdown` makes the loop commit what is open and leave the group.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
+    switches::install(&config.test);
     // Before any client: a second process of this instance would fence this one's (exit 5).
     let _claim = if config.test.no_host_claim {
         None

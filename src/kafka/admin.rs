@@ -96,29 +96,38 @@ impl Admin {
             .collect())
     }
 
-    /// Grows topic `name` to `partitions`. An error is the cluster's words.
+    /// Grows topic `name` to `partitions`.
     pub async fn grow(
         &self,
         name: &str,
         partitions: usize,
         timeout: Duration,
-    ) -> Result<Done, String> {
+    ) -> Result<Done, NotGrown> {
         let wanted = NewPartitions::new(name, partitions);
         let grown = (self.0)
             .create_partitions([&wanted], &options(timeout))
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| NotGrown::Unanswered(e.to_string()))?;
         let mut done = Done::Done;
         for result in grown {
             match result {
                 Ok(_) => {}
                 // It has that many already.
                 Err((_, Code::InvalidPartitions)) => done = Done::Already,
-                Err((_, code)) => return Err(code.to_string()),
+                Err((_, code)) => return Err(NotGrown::Refused(code.to_string())),
             }
         }
         Ok(done)
     }
+}
+
+/// Why a topic did not grow, in the cluster's words.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotGrown {
+    /// The request had no answer (a timeout, the transport).
+    Unanswered(String),
+    /// The cluster refused it (a grant missing, say).
+    Refused(String),
 }
 
 fn options(timeout: Duration) -> AdminOptions {

@@ -25,7 +25,6 @@ use super::{
     Bounds, Committed, Content, Destination, Failed, Feedback, Group, NotConnected, Record,
     Rejection, Reply, Sink, Starts, Unreadable, Wait,
 };
-use crate::config::TestSwitches;
 use crate::config::db::DbConfig;
 use crate::db::{
     self, Advance, DeadLetter, Failure, Kind, NotOpen, Session, Step, Unwritten, Write,
@@ -97,10 +96,6 @@ pub struct Database {
     /// Deferred constraints are checked at each statement (a COMMIT was refused for them).
     immediate: bool,
     metrics: Arc<Metrics>,
-    /// Testing only: commits left before the process aborts after one.
-    crash_after: Option<u64>,
-    /// Testing only: every how many commits the answer is lost, and commits so far.
-    lose_answers: Option<(u64, u64)>,
     /// How often, at most, the group's copy of the offsets is checked, and when it was.
     copy_every: Duration,
     copy_checked: std::time::Instant,
@@ -115,12 +110,10 @@ impl Database {
         self.copies.clear();
     }
 
-    /// Not connected yet. `output`: the name outputs are addressed to; `test`: failures on
-    /// purpose.
+    /// Not connected yet. `output`: the name outputs are addressed to.
     pub fn new(
         config: &DbConfig,
         sink: &crate::config::SinkConfig,
-        test: &TestSwitches,
         metrics: Arc<Metrics>,
     ) -> Result<Database, Error> {
         Ok(Database {
@@ -139,8 +132,6 @@ impl Database {
             rejections: Vec::new(),
             claims: Mutex::new(HashMap::new()),
             immediate: false,
-            crash_after: test.crash_after_db_commit,
-            lose_answers: test.lose_db_commit_answers.map(|every| (every, 0)),
         })
     }
 
@@ -347,15 +338,6 @@ impl Database {
         }
     }
 
-    /// Testing only: whether this commit's answer is to be lost.
-    fn lose_answer(&mut self) -> bool {
-        let Some((every, commits)) = &mut self.lose_answers else {
-            return false;
-        };
-        *commits += 1;
-        *commits % *every == 0
-    }
-
     /// The database refused `refused` of the unit's `rows` (each one's table by `ops`): each
     /// is said, with its table and place, and becomes a rejection of the record it came from.
     fn refused(
@@ -434,7 +416,7 @@ impl Database {
             }
         }
         match db.commit() {
-            Ok(()) if self.lose_answer() => {
+            Ok(()) if crate::switches::lose_db_answer() => {
                 warn!("--test-lose-db-commit-answers: the COMMIT's answer is lost");
                 self.db = None;
                 Err(Failed::unknown())
@@ -504,13 +486,7 @@ impl Database {
                 }
             }
         }
-        if let Some(n) = &mut self.crash_after {
-            *n -= 1;
-            if *n == 0 {
-                warn!("--test-crash-after-db-commit: aborting after the database commit");
-                std::process::abort();
-            }
-        }
+        crate::switches::crash_point(crate::switches::Crash::AfterDbCommit);
         // For the lag tools; the table is what counts. What did not land goes again.
         if let Err(e) = group.copy_offsets(offsets) {
             warn!(error = %e, "copying the offsets to the Kafka group failed; it is tried again");
@@ -822,7 +798,6 @@ mod tests {
             owner: "a".into(),
             dlq_topic: "rows.dlq".into(),
         };
-        let test = TestSwitches::default();
         let sink = crate::config::SinkConfig {
             guarantee: crate::config::Guarantee::ExactlyOnce,
             output_topic: "rows".into(),
@@ -832,7 +807,7 @@ mod tests {
             commit_interval: Duration::from_millis(100),
             db: None,
         };
-        Database::new(&config, &sink, &test, Arc::new(Metrics::new())).unwrap()
+        Database::new(&config, &sink, Arc::new(Metrics::new())).unwrap()
     }
 
     /// A Kafka group whose first `lose` copies never land (a rebalance refused them).

@@ -135,7 +135,7 @@ pub fn start(
     shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<Driver, Error> {
     let sink: Box<dyn Sink> = match (&config.db, config.guarantee) {
-        (Some(db), _) => Box::new(database::Database::new(db, config, test, metrics.clone())?),
+        (Some(db), _) => Box::new(database::Database::new(db, config, metrics.clone())?),
         (None, Guarantee::ExactlyOnce) => Box::new(kafka::ExactlyOnce::new(kafka_settings, config)),
         (None, Guarantee::AtLeastOnce) => Box::new(kafka::AtLeastOnce::new(kafka_settings, config)),
     };

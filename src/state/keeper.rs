@@ -65,10 +65,6 @@ pub struct Keeper {
     checkpointed: Instant,
     /// How often marks are taken.
     checkpoint_every: Duration,
-    /// Testing only: commits with changes to store left before the process aborts instead.
-    crash_before_store: Option<u64>,
-    /// Testing only: how long a restore takes per changelog record.
-    restore_pace: Option<Duration>,
     metrics: Metrics,
 }
 
@@ -95,17 +91,8 @@ impl Keeper {
             marks: Vec::new(),
             checkpointed: Instant::now(),
             checkpoint_every: CHECKPOINT,
-            crash_before_store: None,
-            restore_pace: None,
             metrics,
         }
-    }
-
-    /// Testing only: the process aborts after the `crash_before_store`th commit with changes
-    /// for the local store, before writing them; a restore takes `restore_pace` per record.
-    pub fn testing(&mut self, crash_before_store: Option<u64>, restore_pace: Option<Duration>) {
-        self.crash_before_store = crash_before_store;
-        self.restore_pace = restore_pace;
     }
 
     /// The state, to decide records against.
@@ -251,16 +238,10 @@ impl Keeper {
             .set(self.seen.open_windows() as i64);
     }
 
-    /// Testing only: `--test-crash-before-store` aborts the process here.
-    fn crash_test(&mut self, batch: &Batch) {
-        if let Some(n) = &mut self.crash_before_store
-            && !(batch.keys.is_empty() && batch.totals.is_empty() && batch.stream_times.is_empty())
-        {
-            *n -= 1;
-            if *n == 0 {
-                error!("test: crashing after a commit, before its local store write");
-                std::process::abort();
-            }
+    /// Testing only: `--test-crash-before-store` may abort the process here.
+    fn crash_test(&self, batch: &Batch) {
+        if !(batch.keys.is_empty() && batch.totals.is_empty() && batch.stream_times.is_empty()) {
+            crate::switches::crash_point(crate::switches::Crash::BeforeStore);
         }
     }
 
@@ -374,7 +355,7 @@ impl Keeper {
         skipped: &mut u64,
         last: &mut Option<i64>,
     ) -> Result<Read, Unread> {
-        let (p, pace, seen) = (tp.1, self.restore_pace, &mut self.seen);
+        let (p, pace, seen) = (tp.1, crate::switches::restore_pace(), &mut self.seen);
         self.source.read(p, from, &mut |offset, k, v| {
             if let Some(pace) = pace {
                 std::thread::sleep(pace);

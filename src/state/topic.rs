@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::kafka::admin::{Admin, Done};
+use crate::kafka::admin::{Admin, Done, NotGrown};
 use crate::kafka::{NotCreated, Role, Settings};
 
 /// What the changelog must be.
@@ -129,7 +129,10 @@ pub async fn grow(
             Ok(())
         }
         Ok(Done::Already) => Ok(()),
-        Err(e) => Err(format!(
+        Err(NotGrown::Unanswered(e)) => Err(format!(
+            "growing '{changelog}' to {partitions} partitions: {e}"
+        )),
+        Err(NotGrown::Refused(e)) => Err(format!(
             "growing '{changelog}' to {partitions} partitions: {e} (the principal needs ALTER \
              on topic '{changelog}'; or add them: kafka-topics.sh --alter --topic {changelog} \
              --partitions {partitions})"

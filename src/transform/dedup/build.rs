@@ -49,7 +49,6 @@ pub async fn build(
         shutdown.clone(),
     )?
     .growing(admin, tokio::runtime::Handle::current());
-    let mut t = Dedup::new(dedup, programs, Box::new(source), store, metrics.clone());
-    t.testing(&config.test);
+    let t = Dedup::new(dedup, programs, Box::new(source), store, metrics.clone());
     Ok(t)
 }

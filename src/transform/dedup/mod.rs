@@ -137,12 +137,6 @@ impl Dedup {
         }
     }
 
-    /// Testing only: `--test-crash-before-store` (the process aborts after the `n`th commit
-    /// with changes for the local store, before writing them) and `--test-restore-pace`.
-    pub fn testing(&mut self, test: &crate::config::TestSwitches) {
-        (self.keeper).testing(test.crash_before_store, test.restore_pace);
-    }
-
     fn late_record(&self, window: &Window) -> Failure {
         Failure::BadRecord(TransformError::new(
             Reason::Late,

@@ -1,0 +1,89 @@
+//! Testing only: the failures that the `--test-*` switches of the process ask for in the
+//! middle of a product's work, in one place. They are installed once, at start
+//! ([`install`]); the product asks at named points ([`crash_point`], [`lose_db_answer`],
+//! [`restore_pace`]) and keeps nothing of them in its own types. A process that installed
+//! nothing (every unit test, every real run) gets no failure. The switches around a product
+//! (a sink failing on purpose, an unavailable transform, no host claim) wrap it where it is
+//! built: `sink::faults`, `transform::unavailable_first`, `run`.
+
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use tracing::error;
+
+use crate::config::TestSwitches;
+
+/// What was installed, and how far each count has got.
+struct Installed {
+    crash_after_db_commit: Option<u64>,
+    crash_before_store: Option<u64>,
+    lose_db_commit_answers: Option<u64>,
+    restore_pace: Option<Duration>,
+    counts: Mutex<Counts>,
+}
+
+#[derive(Default)]
+struct Counts {
+    db_commits: u64,
+    store_writes: u64,
+    db_answers: u64,
+}
+
+static INSTALLED: OnceLock<Installed> = OnceLock::new();
+
+/// Installs the switches of `test` for the rest of the process (the first call wins).
+pub fn install(test: &TestSwitches) {
+    let _ = INSTALLED.set(Installed {
+        crash_after_db_commit: test.crash_after_db_commit,
+        crash_before_store: test.crash_before_store,
+        lose_db_commit_answers: test.lose_db_commit_answers,
+        restore_pace: test.restore_pace,
+        counts: Mutex::default(),
+    });
+}
+
+/// Where a switch may end the process with `abort` (a kill -9 at a chosen step).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Crash {
+    /// After a database commit, before the group's copy of its offsets
+    /// (`--test-crash-after-db-commit N`: the Nth).
+    AfterDbCommit,
+    /// After a commit with changes for the local store, before writing them
+    /// (`--test-crash-before-store N`: the Nth).
+    BeforeStore,
+}
+
+/// The product passed `at`: the process aborts if a switch says this is the time.
+pub fn crash_point(at: Crash) {
+    let Some(i) = INSTALLED.get() else { return };
+    let mut counts = i.counts.lock().unwrap_or_else(|p| p.into_inner());
+    let (count, due) = match at {
+        Crash::AfterDbCommit => (&mut counts.db_commits, i.crash_after_db_commit),
+        Crash::BeforeStore => (&mut counts.store_writes, i.crash_before_store),
+    };
+    let Some(due) = due else { return };
+    *count += 1;
+    if *count == due {
+        error!(?at, "test switch: aborting the process here");
+        std::process::abort();
+    }
+}
+
+/// Whether this database commit's answer is lost (`--test-lose-db-commit-answers N`: every
+/// Nth): the commit took effect, and the sink hears that the connection dropped.
+pub fn lose_db_answer() -> bool {
+    let Some(i) = INSTALLED.get() else {
+        return false;
+    };
+    let Some(every) = i.lose_db_commit_answers else {
+        return false;
+    };
+    let mut counts = i.counts.lock().unwrap_or_else(|p| p.into_inner());
+    counts.db_answers += 1;
+    counts.db_answers.is_multiple_of(every)
+}
+
+/// How long a restore takes per changelog record (`--test-restore-pace`), if it is slowed.
+pub fn restore_pace() -> Option<Duration> {
+    INSTALLED.get()?.restore_pace
+}
