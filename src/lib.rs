@@ -9,8 +9,8 @@
 //! Imports run one way, from the leaves up; a module imports only from its own layer and those
 //! below (`scripts/modgraph.py` checks it in CI, and that every module is in a layer; and
 //! `scripts/sizes.py` that no file passes 800 lines nor function 80, tests apart):
-//! `error`, `kafka`, `metrics`, `health`, `backoff`, `clock`, `db`, `http`, `lag` →
-//! `state`, `config`, `telemetry`, `switches` → `transform`, `offsets`, `state_command` →
+//! `error`, `kafka`, `metrics`, `health`, `backoff`, `clock`, `db`, `http`, `lag`, `switches` →
+//! `state`, `config`, `telemetry` → `transform`, `offsets`, `state_command` →
 //! `headers`, `records`, `events` → `sink`, `audit` → `pipeline` → `sim` (testing only) → here.
 //!
 //! Only `kafka`, `sink/kafka`, `audit` and `offsets` name rust-rdkafka (`scripts/modgraph.py`
@@ -75,6 +75,8 @@
 //!   the changelog's clients: [`kafka::admin`] (topics listed, created, described, grown),
 //!   [`kafka::reader`] (one partition read in no group), [`kafka::ends`] (watermarks).
 //! - [`error`]: the errors that stop a command.
+//! - [`switches`] (testing only): the `--test-*` failures that act inside a product's work
+//!   (a crash at a named step, a lost commit answer), installed once at start.
 //! - [`backoff`]: every pause after failures in a row, one named schedule each; [`clock`]: the
 //!   loop's pauses and the age of its open unit, which the simulator keeps on its own clock.
 //! - `sim` (testing only): a deterministic simulator of the core. Two or three instances,

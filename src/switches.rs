@@ -11,7 +11,36 @@ use std::time::Duration;
 
 use tracing::error;
 
-use crate::config::TestSwitches;
+/// Testing only: transactions to abort instead of committing, through the same path as an
+/// abortable commit error.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum TestAborts {
+    /// Every Nth commit.
+    Every(u64),
+    /// Each commit with this probability.
+    Probability(f64),
+}
+
+/// Testing only: failures on purpose, through the same paths as real ones. None by default.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TestSwitches {
+    /// Transactions to abort instead of committing.
+    pub aborts: Option<TestAborts>,
+    /// Sends that fail before reaching librdkafka.
+    pub fail_sends: u64,
+    /// No claim of the instance on the host (two processes of one instance on one host).
+    pub no_host_claim: bool,
+    /// Records the transform refuses as unavailable first.
+    pub unavailable: u64,
+    /// The commit after which the dedup crashes before its local store write.
+    pub crash_before_store: Option<u64>,
+    /// How long the dedup's restore takes per changelog record.
+    pub restore_pace: Option<Duration>,
+    /// The database commit after which the process aborts, before the group copy.
+    pub crash_after_db_commit: Option<u64>,
+    /// Every Nth database commit's answer is lost (the connection dropped after it).
+    pub lose_db_commit_answers: Option<u64>,
+}
 
 /// What was installed, and how far each count has got.
 struct Installed {

@@ -15,6 +15,7 @@ use super::{
 };
 use crate::error::Error;
 use crate::kafka::{GroupProtocol, Settings};
+pub use crate::switches::{TestAborts, TestSwitches};
 
 /// Options of `exactly run`.
 #[derive(Clone, Debug, Args)]
@@ -286,16 +287,6 @@ pub enum Input {
     Pattern(String),
 }
 
-/// Testing only: transactions to abort instead of committing, through the same path as an
-/// abortable commit error.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum TestAborts {
-    /// Every Nth commit.
-    Every(u64),
-    /// Each commit with this probability.
-    Probability(f64),
-}
-
 /// Validated configuration of `exactly run`, in the parts each piece of the pipeline is built
 /// from.
 #[derive(Clone, Debug)]
@@ -401,27 +392,6 @@ pub struct ErrorPolicy {
     pub dlq_topic: String,
     /// How long a route chosen by the record may be refused before that is its fault.
     pub route_timeout: Duration,
-}
-
-/// Testing only: failures on purpose, through the same paths as real ones. None by default.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct TestSwitches {
-    /// Transactions to abort instead of committing.
-    pub aborts: Option<TestAborts>,
-    /// Sends that fail before reaching librdkafka.
-    pub fail_sends: u64,
-    /// No claim of the instance on the host (two processes of one instance on one host).
-    pub no_host_claim: bool,
-    /// Records the transform refuses as unavailable first.
-    pub unavailable: u64,
-    /// The commit after which the dedup crashes before its local store write.
-    pub crash_before_store: Option<u64>,
-    /// How long the dedup's restore takes per changelog record.
-    pub restore_pace: Option<Duration>,
-    /// The database commit after which the process aborts, before the group copy.
-    pub crash_after_db_commit: Option<u64>,
-    /// Every Nth database commit's answer is lost (the connection dropped after it).
-    pub lose_db_commit_answers: Option<u64>,
 }
 
 impl Config {
