@@ -93,7 +93,14 @@ pub fn crash_point(at: Crash) {
     let Some(due) = due else { return };
     *count += 1;
     if *count == due {
-        error!(?at, "test switch: aborting the process here");
+        match at {
+            Crash::AfterDbCommit => {
+                error!("--test-crash-after-db-commit: aborting after the database commit")
+            }
+            Crash::BeforeStore => {
+                error!("test: crashing after a commit, before its local store write")
+            }
+        }
         std::process::abort();
     }
 }
