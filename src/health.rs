@@ -144,6 +144,23 @@ impl Health {
         })
     }
 
+    /// `Some(description)` when the loop is inside a librdkafka call as the shutdown grace
+    /// ends: the call kept the loop from committing and leaving in time, so it is stuck as
+    /// surely as one past `--stuck-call-timeout` (the restart fences what it holds).
+    pub fn stuck_at_grace(&self) -> Option<String> {
+        self.stuck_at_grace_at(Instant::now())
+    }
+
+    fn stuck_at_grace_at(&self, now: Instant) -> Option<String> {
+        let (name, since) = self.kafka_call()?;
+        let inside = now.saturating_duration_since(since);
+        Some(format!(
+            "the pipeline loop is stuck in {name} for {inside:.0?}, waiting on {}, as the \
+             shutdown grace ends",
+            waits_on(name)
+        ))
+    }
+
     /// The librdkafka call the loop is in, and since when.
     fn kafka_call(&self) -> Option<(&'static str, Instant)> {
         match *self.call.lock().unwrap_or_else(|p| p.into_inner()) {
@@ -329,6 +346,26 @@ mod tests {
         assert!(n.tick(s(4), Some(("flush", t0))).is_empty());
         assert!(n.tick(s(8), Some(("flush", s(5)))).is_empty());
         assert_eq!(n.tick(s(10), Some(("flush", s(5)))).len(), 1);
+    }
+
+    #[test]
+    fn a_call_still_open_when_the_grace_ends_is_stuck_and_none_is_not() {
+        let h = Health::default();
+        assert_eq!(h.stuck_at_grace(), None);
+        {
+            let _g = h.in_call("transform");
+            assert_eq!(h.stuck_at_grace(), None, "not a librdkafka call");
+        }
+        let _g = h.in_kafka_call("send_offsets_to_transaction");
+        let s = h
+            .stuck_at_grace_at(Instant::now() + Duration::from_secs(30))
+            .unwrap();
+        assert!(
+            s.contains("stuck in send_offsets_to_transaction for 30")
+                && s.contains("the group coordinator")
+                && s.contains("shutdown grace"),
+            "{s}"
+        );
     }
 
     #[test]

@@ -133,6 +133,7 @@ pub mod telemetry;
 pub mod transform;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
@@ -140,6 +141,28 @@ use crate::config::Config;
 use crate::error::Error;
 use crate::health::Health;
 use crate::metrics::Metrics;
+
+/// Not ready from the moment shutdown starts, while the loop still commits and leaves.
+async fn not_ready_from(shutdown: CancellationToken, health: Arc<Health>) {
+    shutdown.cancelled().await;
+    health.set_ready(false);
+}
+
+/// How long before the end of the shutdown grace a librdkafka call the loop is still inside
+/// counts as stuck: in time to say so and exit 4 before `main` gives up (exit 3).
+const GRACE_MARGIN: Duration = Duration::from_millis(500);
+
+/// The call the loop is stuck in, if it is inside a librdkafka call when the shutdown grace
+/// (begun when `shutdown` is cancelled) is all but over; else never.
+async fn stuck_at_grace(
+    health: Arc<Health>,
+    shutdown: CancellationToken,
+    grace: Duration,
+) -> Option<String> {
+    shutdown.cancelled().await;
+    tokio::time::sleep(grace.saturating_sub(GRACE_MARGIN)).await;
+    health.stuck_at_grace()
+}
 
 /// Stack of the loop thread: jq programs and JSON values recurse.
 const LOOP_STACK: usize = 64 << 20;
@@ -178,12 +201,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         stop_watching.clone(),
     ));
 
-    // Not ready from the moment shutdown starts, while the loop still commits and leaves.
-    let (h, s) = (health.clone(), shutdown.clone());
-    tokio::spawn(async move {
-        s.cancelled().await;
-        h.set_ready(false);
-    });
+    tokio::spawn(not_ready_from(shutdown.clone(), health.clone()));
     events::initialise(&metrics);
     if let Some(addr) = config.http_addr {
         let bound = http::serve(
@@ -207,6 +225,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         stop_watching.clone(),
     )?;
 
+    let at_grace = stuck_at_grace(health.clone(), shutdown.clone(), config.shutdown_grace);
     let (tx, rx) = tokio::sync::oneshot::channel();
     let loop_health = health.clone();
     std::thread::Builder::new()
@@ -223,6 +242,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         r = rx => r.unwrap_or_else(|_| Err(Error::Startup("the loop thread panicked".into()))),
         // The loop thread stays inside its call; the process ends without it.
         Ok(Some(stuck)) = &mut watchdog => Err(Error::Stuck(stuck)),
+        Some(stuck) = at_grace => Err(Error::Stuck(stuck)),
     };
     stop_watching.cancel();
     result
