@@ -366,8 +366,8 @@ fn read_ranges(
     Ok(out)
 }
 
-/// Copies a record read.
-fn copy(m: &rdkafka::message::BorrowedMessage<'_>) -> Rec {
+/// Copies a record read (the tests' readers use it too).
+pub fn copy(m: &rdkafka::message::BorrowedMessage<'_>) -> Rec {
     Rec::of(&InputRecord {
         topic: m.topic(),
         partition: m.partition(),

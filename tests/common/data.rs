@@ -227,15 +227,7 @@ pub fn read_all(topic: &str, isolation: &str) -> Vec<Out> {
             Some(Err(e)) => panic!("reading {topic}: {e}"),
             Some(Ok(m)) => {
                 at_end[m.partition() as usize] = false;
-                let r = exactly::audit::Rec::of(&exactly::transform::InputRecord {
-                    topic: m.topic(),
-                    partition: m.partition(),
-                    offset: m.offset(),
-                    timestamp: m.timestamp().to_millis(),
-                    key: m.key(),
-                    value: m.payload(),
-                    headers: exactly::kafka::raw_headers::of(&m),
-                });
+                let r = exactly::audit::read::copy(&m);
                 out.push(Out {
                     partition: r.partition,
                     offset: r.offset,
