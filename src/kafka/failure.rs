@@ -285,6 +285,15 @@ pub fn classify(call: KafkaCall, facts: &Facts) -> Action {
 mod tests {
     use super::*;
 
+    /// Every call that reaches the broker.
+    const CALLS: [KafkaCall; 5] = [
+        KafkaCall::Init,
+        KafkaCall::Produce,
+        KafkaCall::SendOffsets,
+        KafkaCall::Commit,
+        KafkaCall::Abort,
+    ];
+
     fn flags(code: Code, retriable: bool, abortable: bool, fatal: bool) -> Facts {
         Facts {
             code: Some(code),
@@ -325,13 +334,7 @@ mod tests {
     #[test]
     fn every_unrecoverable_code_exits_for_every_call() {
         for &code in UNRECOVERABLE {
-            for call in [
-                KafkaCall::Init,
-                KafkaCall::Produce,
-                KafkaCall::SendOffsets,
-                KafkaCall::Commit,
-                KafkaCall::Abort,
-            ] {
+            for call in CALLS {
                 // Even when librdkafka also flags them abortable or retriable.
                 assert_eq!(
                     classify(call, &flags(code, true, true, false)),
@@ -345,13 +348,7 @@ mod tests {
     #[test]
     fn fenced_codes_recreate_the_producer() {
         for &code in FENCED {
-            for call in [
-                KafkaCall::Init,
-                KafkaCall::Produce,
-                KafkaCall::SendOffsets,
-                KafkaCall::Commit,
-                KafkaCall::Abort,
-            ] {
+            for call in CALLS {
                 assert_eq!(
                     classify(call, &Facts::code(code)),
                     Action::RecreateProducer,
