@@ -5,11 +5,12 @@
 //! watermark belong to transactions still open upstream (a hanging one shows there).
 //!
 //! Positions come from librdkafka's statistics, which the consumer context receives inside
-//! `poll` ([`Positions::update`]), held back to what is committed ([`Positions::committed`],
-//! which the sink's driver calls after every commit): a record read is not processed until
-//! its transaction commits, so a slow application's staged records show as lag. The end offsets come from two clients of this module's own,
-//! queried on a thread of their own, so the lag keeps growing on the dashboard while the loop
-//! is stuck: "latest" is the LSO for a read_committed client and the high watermark for a
+//! `poll` ([`Positions::update`]), held back to what is committed ([`Positions::floors`],
+//! which the sink's ledger publishes at a partition's first read and after every commit): a
+//! record read is not processed until its transaction commits, so a slow application's staged
+//! records show as lag. The end offsets come from two clients of this module's own, queried
+//! on a thread of their own, so the lag keeps growing on the dashboard while the loop is
+//! stuck: "latest" is the LSO for a read_committed client and the high watermark for a
 //! read_uncommitted one. librdkafka's statistics cannot give both: in read_committed mode
 //! their `hi_offset` is the LSO too.
 
@@ -43,8 +44,9 @@ pub struct Position {
 #[derive(Default)]
 pub struct Positions {
     read: Mutex<Vec<Read>>,
-    /// Per owned partition, the offset no record past has committed yet: the first read since
-    /// it was assigned, then what this instance's commits sent.
+    /// Per owned partition, the offset no record past has committed yet: the later of the
+    /// first read since it was assigned and what this instance's commits sent, published by
+    /// the sink's ledger (`sink::ledger`), which owns both.
     floor: Mutex<HashMap<(String, i32), i64>>,
 }
 
@@ -54,18 +56,14 @@ impl Positions {
         *self.read.lock().unwrap_or_else(|p| p.into_inner()) = read;
     }
 
-    /// The first record read of a partition since it was assigned is at `offset`.
-    pub fn started(&self, tp: (&str, i32), offset: i64) {
+    /// The floors of partitions, as the sink's ledger keeps them (`None`: no longer owned).
+    pub fn floors(&self, floors: impl IntoIterator<Item = ((String, i32), Option<i64>)>) {
         let mut floor = self.floor.lock().unwrap_or_else(|p| p.into_inner());
-        floor.entry((tp.0.to_string(), tp.1)).or_insert(offset);
-    }
-
-    /// A commit of this instance made `offsets` durable.
-    pub fn committed(&self, offsets: &[((String, i32), i64)]) {
-        let mut floor = self.floor.lock().unwrap_or_else(|p| p.into_inner());
-        for (tp, o) in offsets {
-            let f = floor.entry(tp.clone()).or_insert(*o);
-            *f = (*f).max(*o);
+        for (tp, f) in floors {
+            match f {
+                Some(f) => floor.insert(tp, f),
+                None => floor.remove(&tp),
+            };
         }
     }
 
@@ -74,14 +72,6 @@ impl Positions {
     pub fn floor(&self, tp: &(String, i32)) -> Option<i64> {
         let floor = self.floor.lock().unwrap_or_else(|p| p.into_inner());
         floor.get(tp).copied()
-    }
-
-    /// `partitions` are no longer owned.
-    pub fn forget(&self, partitions: &[(String, i32)]) {
-        let mut floor = self.floor.lock().unwrap_or_else(|p| p.into_inner());
-        for tp in partitions {
-            floor.remove(tp);
-        }
     }
 
     fn snapshot(&self) -> Vec<Position> {
@@ -226,10 +216,10 @@ mod tests {
             start: Some(10),
         }]);
         assert_eq!(p.snapshot()[0].next, Some(10));
-        p.committed(&[(("in".to_string(), 0), 40)]);
+        p.floors([(("in".to_string(), 0), Some(40))]);
         assert_eq!(p.snapshot()[0].next, Some(40));
-        p.forget(&[("in".to_string(), 0)]);
-        p.started(("in", 0), 5);
+        p.floors([(("in".to_string(), 0), None)]);
+        p.floors([(("in".to_string(), 0), Some(5))]);
         assert_eq!(p.snapshot()[0].next, Some(10));
     }
 }

@@ -34,14 +34,16 @@
 //!   [`sink::Sink`] seam in exactly's own terms (connect, begin, send, commit with offsets,
 //!   abort, each answered with what the destination said: refused records, refusing routes;
 //!   what is committed, partitions claimed), one file per destination ([`sink::kafka`]:
-//!   transactions, or delivery-confirmed units at least once; [`sink::database`]: rows of a PostgreSQL, MySQL or MariaDB table with the offsets
-//!   in the same database transaction, each partition claimed when assigned), the
-//!   [`sink::Driver`] that turns a sink's failures into aborts and new clients and
-//!   says when a rewind is owed, [`sink::offsets`] (what a commit sends: past transaction
-//!   markers, never past a record not yet applied), [`sink::rejected`] (what the replay of a
-//!   record the broker refused sends instead), [`sink::routes`] (when a topic routed by the
-//!   record that keeps refusing it becomes the record's fault) and [`sink::faults`] (testing
-//!   only: failures on purpose).
+//!   transactions, or delivery-confirmed units at least once; [`sink::database`]: rows of a
+//!   PostgreSQL, MySQL or MariaDB table with the offsets in the same database transaction,
+//!   each partition claimed when assigned), the [`sink::Driver`] that turns a sink's failures
+//!   into aborts and new clients and says when a rewind is owed, [`sink::ledger`] (each owned
+//!   partition's offsets in one home: the first read since it was assigned and what the last
+//!   commit sent, forgotten in one call on a revoke; the lag's floors are published from it),
+//!   [`sink::offsets`] (what a commit sends: past transaction markers, never past a record not
+//!   yet applied), [`sink::rejected`] (what the replay of a record the broker refused sends
+//!   instead), [`sink::routes`] (when a topic routed by the record that keeps refusing it
+//!   becomes the record's fault) and [`sink::faults`] (testing only: failures on purpose).
 //! - [`transform`]: the [`transform::Transform`] lifecycle (apply, what the writer made of the
 //!   record, partitions assigned and revoked, how each unit its records went into ended; a bad
 //!   record is not an unavailable transform, nor a held partition), one file per kind: passthrough,

@@ -3,10 +3,10 @@
 //!
 //! One rule covers every record the loop read and did not commit, whatever became of it (in
 //! the aborted unit, staged for the call-out, polled while the rewind was owed, failed on its
-//! way out): [`Rewind::read`] notes the first offset read of each partition, once, as it is
-//! polled, and the rewind seeks each such partition to its committed offset, as the sink
-//! reads it back, or, where it has none, to what this instance last committed for it, or,
-//! where nothing was, to that first offset. A commit never passes a record read but not
+//! way out): the sink's ledger (`sink::ledger`) notes the first offset read of each partition,
+//! once, as it is polled, and the rewind seeks each such partition to its committed offset, as
+//! the sink reads it back, or, where it has none, to what this instance last committed for it,
+//! or, where nothing was, to that first offset. A commit never passes a record read but not
 //! applied (`sink::offsets`), so each target is at or before every record that must come
 //! again. A partition nothing was read from since it was assigned has not moved, and is left
 //! alone (a seek of a partition still waiting for its first fetch fails in librdkafka).
@@ -34,145 +34,72 @@ pub struct Rewound {
     pub to: Vec<(Tp, i64)>,
 }
 
-/// The first offset read of each partition since it was assigned.
-#[derive(Debug, Default)]
-pub struct Rewind {
-    /// By topic, so that the per-record look-up borrows the topic name.
-    first: HashMap<String, HashMap<i32, i64>>,
-    /// The partition of the last record noted: the next is most often of the same one.
-    last: Option<(String, i32)>,
-}
-
-impl Rewind {
-    /// A record of `topic`/`partition` at `offset` was polled. Whether it is the partition's
-    /// first since it was assigned.
-    pub fn read(&mut self, topic: &str, partition: i32, offset: i64) -> bool {
-        if let Some((t, p)) = &self.last
-            && *p == partition
-            && t == topic
-        {
-            return false;
-        }
-        let first = match self.first.get_mut(topic) {
-            Some(ps) => match ps.entry(partition) {
-                std::collections::hash_map::Entry::Occupied(_) => false,
-                std::collections::hash_map::Entry::Vacant(v) => {
-                    v.insert(offset);
-                    true
-                }
-            },
-            None => {
-                self.first
-                    .entry(topic.to_string())
-                    .or_default()
-                    .insert(partition, offset);
-                true
-            }
-        };
-        match &mut self.last {
-            // The name's buffer is reused: records of several partitions interleave.
-            Some((t, p)) => {
-                t.clear();
-                t.push_str(topic);
-                *p = partition;
-            }
-            None => self.last = Some((topic.to_string(), partition)),
-        }
-        first
+/// Seeks every assigned partition read since it was assigned to its committed offset (or what
+/// this instance last committed, or its first offset read, with nothing committed: both from
+/// the driver's [`Ledger`](crate::sink::ledger::Ledger)). Reading the committed offsets is
+/// retried for up to `timeout`, then the consumer is replaced (a new one starts from the
+/// committed offsets); a shutdown stops it at once (nothing is open, the loop ends next). What
+/// is committed for the partitions read, and for those of a commit whose outcome the driver
+/// does not know yet that are still assigned, and where each went back to, once the consumer
+/// is back there (`None`: shutdown came first).
+pub fn perform(
+    group: &dyn Group,
+    driver: &Driver,
+    timeout: Duration,
+    health: &Health,
+    shutdown: &CancellationToken,
+) -> Result<Option<Rewound>, Interrupt> {
+    let assignment = (group.assignment()).map_err(|e| Error::kafka("reading the assignment", e))?;
+    let (ledger, unresolved) = (driver.ledger(), driver.unresolved_partitions());
+    let (read, also): (Vec<Tp>, Vec<Tp>) = assignment
+        .into_iter()
+        .filter(|tp| ledger.first_read(tp).is_some() || unresolved.contains(tp))
+        .partition(|tp| ledger.first_read(tp).is_some());
+    if read.is_empty() && also.is_empty() {
+        return Ok(Some(Rewound::default()));
     }
-
-    /// `partitions` are no longer owned: a later assignment starts afresh.
-    pub fn forget(&mut self, partitions: &[Tp]) {
-        for (topic, partition) in partitions {
-            if let Some(ps) = self.first.get_mut(topic) {
-                ps.remove(partition);
-                if ps.is_empty() {
-                    self.first.remove(topic);
-                }
-            }
-        }
-        self.last = None;
-    }
-
-    /// A new consumer starts from the committed offsets: nothing was read by it.
-    pub fn clear(&mut self) {
-        self.first.clear();
-        self.last = None;
-    }
-
-    /// The first offset read of `tp`, if anything was.
-    pub(super) fn first_read(&self, (topic, partition): &Tp) -> Option<i64> {
-        self.first.get(topic)?.get(partition).copied()
-    }
-
-    /// Seeks every assigned partition read since it was assigned to its committed offset (or
-    /// what this instance last committed, or its first offset read, with nothing committed). Reading the committed offsets is
-    /// retried for up to `timeout`, then the consumer is replaced (a new one starts from the
-    /// committed offsets); a shutdown stops it at once (nothing is open, the loop ends next).
-    /// What is committed for the partitions read, and for those of a commit whose outcome
-    /// the driver does not know yet that are still assigned, and where each went back to,
-    /// once the consumer is back there (`None`: shutdown came first).
-    pub fn perform(
-        &self,
-        group: &dyn Group,
-        driver: &Driver,
-        timeout: Duration,
-        health: &Health,
-        shutdown: &CancellationToken,
-    ) -> Result<Option<Rewound>, Interrupt> {
-        let assignment =
-            (group.assignment()).map_err(|e| Error::kafka("reading the assignment", e))?;
-        let unresolved = driver.unresolved_partitions();
-        let (read, also): (Vec<Tp>, Vec<Tp>) = assignment
-            .into_iter()
-            .filter(|tp| self.first_read(tp).is_some() || unresolved.contains(tp))
-            .partition(|tp| self.first_read(tp).is_some());
-        if read.is_empty() && also.is_empty() {
-            return Ok(Some(Rewound::default()));
-        }
-        let asked: Vec<Tp> = read.iter().chain(&also).cloned().collect();
-        let Some(answer) = committed(group, driver, &asked, timeout, health, shutdown)? else {
-            return Ok(None);
-        };
-        // Each partition read: the sink's answer for it, if it gave one.
-        let committed: HashMap<Tp, Option<i64>> = answer.iter().cloned().collect();
-        let targets: Vec<(Tp, i64)> = read
-            .into_iter()
-            .filter_map(|tp| {
-                let c = committed.get(&tp).copied().flatten();
-                let to = c
-                    .or_else(|| driver.last_committed(&tp))
-                    .or_else(|| self.first_read(&tp))?;
-                Some((tp, to))
-            })
-            .collect();
-        if targets.is_empty() {
-            return Ok(Some(Rewound {
-                committed: answer,
-                to: targets,
-            }));
-        }
-        match group.seek(&targets, timeout) {
-            Ok(()) => {}
-            Err(SeekFailed::Call(e)) => {
-                let context = "rewinding to the committed offsets";
-                return Err(Interrupt::Fail(Error::kafka(context, e)));
-            }
-            Err(SeekFailed::Partition((topic, partition), err)) => {
-                // A partition that cannot be rewound must not be read on from where it stands:
-                // its aborted records would be skipped. This consumer is being fenced or
-                // rebalanced away; a new one starts from the committed offsets.
-                warn!(topic, partition, error = %err, "seek failed");
-                return Err(Interrupt::ReplaceConsumer(format!("seek failed: {err}")));
-            }
-        }
-        let moved: Vec<Tp> = targets.iter().map(|(tp, _)| tp.clone()).collect();
-        info!(partitions = %describe(&moved), "rewound to the committed offsets");
-        Ok(Some(Rewound {
+    let asked: Vec<Tp> = read.iter().chain(&also).cloned().collect();
+    let Some(answer) = committed(group, driver, &asked, timeout, health, shutdown)? else {
+        return Ok(None);
+    };
+    // Each partition read: the sink's answer for it, if it gave one.
+    let committed: HashMap<Tp, Option<i64>> = answer.iter().cloned().collect();
+    let targets: Vec<(Tp, i64)> = read
+        .into_iter()
+        .filter_map(|tp| {
+            let c = committed.get(&tp).copied().flatten();
+            let to = c
+                .or_else(|| ledger.last_committed(&tp))
+                .or_else(|| ledger.first_read(&tp))?;
+            Some((tp, to))
+        })
+        .collect();
+    if targets.is_empty() {
+        return Ok(Some(Rewound {
             committed: answer,
             to: targets,
-        }))
+        }));
     }
+    match group.seek(&targets, timeout) {
+        Ok(()) => {}
+        Err(SeekFailed::Call(e)) => {
+            let context = "rewinding to the committed offsets";
+            return Err(Interrupt::Fail(Error::kafka(context, e)));
+        }
+        Err(SeekFailed::Partition((topic, partition), err)) => {
+            // A partition that cannot be rewound must not be read on from where it stands:
+            // its aborted records would be skipped. This consumer is being fenced or
+            // rebalanced away; a new one starts from the committed offsets.
+            warn!(topic, partition, error = %err, "seek failed");
+            return Err(Interrupt::ReplaceConsumer(format!("seek failed: {err}")));
+        }
+    }
+    let moved: Vec<Tp> = targets.iter().map(|(tp, _)| tp.clone()).collect();
+    info!(partitions = %describe(&moved), "rewound to the committed offsets");
+    Ok(Some(Rewound {
+        committed: answer,
+        to: targets,
+    }))
 }
 
 /// What is committed for `partitions`, read again while that fails ([`Backoff::READ_COMMITTED`])
@@ -213,35 +140,5 @@ fn committed(
         failures += 1;
         let pause = Backoff::READ_COMMITTED.after(failures);
         crate::clock::pause(pause.min(give_up.saturating_duration_since(Instant::now())));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_first_read_of_each_partition_stays_until_it_is_revoked() {
-        let mut r = Rewind::default();
-        for (t, p, o) in [
-            ("a", 0, 5),
-            ("a", 0, 6),
-            ("a", 1, 9),
-            ("a", 0, 7),
-            ("b", 0, 3),
-        ] {
-            r.read(t, p, o);
-        }
-        let tp = |t: &str, p| (t.to_string(), p);
-        assert_eq!(r.first_read(&tp("a", 0)), Some(5));
-        assert_eq!(r.first_read(&tp("a", 1)), Some(9));
-        assert_eq!(r.first_read(&tp("b", 0)), Some(3));
-        r.forget(&[tp("a", 0)]);
-        assert_eq!(r.first_read(&tp("a", 0)), None);
-        // Assigned again, it starts afresh (and the last-partition shortcut forgot it too).
-        r.read("a", 0, 20);
-        assert_eq!(r.first_read(&tp("a", 0)), Some(20));
-        r.clear();
-        assert_eq!(r.first_read(&tp("a", 1)), None);
     }
 }

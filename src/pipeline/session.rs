@@ -5,11 +5,11 @@
 //! loop takes the lock once per turn, after `poll` returns, and holds it for the whole turn; the
 //! callback takes it inside `poll`; nothing else does, so it is never contended.
 //!
-//! What it owns, each in one place: the [`Writer`] (the sink's driver and its open unit, and
-//! the record path into it), the [`Intake`] (the transform, or the call-out's stage: the one
-//! source of what was read but not yet applied, which every commit stays below), the
-//! [`Rewind`] (where each partition goes back to after an abort), and the partition changes
-//! the transform has yet to hear of.
+//! What it owns, each in one place: the [`Writer`] (the sink's driver and its open unit, its
+//! ledger of each partition's offsets, and the record path into it), the [`Intake`] (the
+//! transform, or the call-out's stage: the one source of what was read but not yet applied,
+//! which every commit stays below), and the partition changes the transform has yet to hear
+//! of. A revoke is one call (`forget`) that tells each of them.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::intake::{Change, Intake};
-use super::rewind::Rewind;
+use super::rewind;
 use super::stage::{Arrival, Stage};
 use super::writer::Writer;
 use super::{Interrupt, MAX_POLL};
@@ -57,13 +57,10 @@ enum Gone {
 pub struct Session {
     writer: Writer,
     intake: Intake,
-    rewind: Rewind,
     commit: CommitPolicy,
     /// Partition changes the transform has not heard of yet, and what it was told it owns.
     changes: Vec<Change>,
     owned: BTreeSet<Tp>,
-    /// The lag gauges' view of where each partition is.
-    positions: Arc<Positions>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     shutdown: CancellationToken,
@@ -90,17 +87,14 @@ pub struct Parts {
 impl Session {
     /// A session of `parts`, before any partition is assigned.
     pub fn new(mut parts: Parts) -> Session {
-        // The lag counts from what is committed.
-        let committed = parts.positions.clone();
-        (parts.writer.driver).on_commit(move |offsets| committed.committed(offsets));
+        // The lag counts from what is committed, as the driver's ledger keeps it.
+        (parts.writer.driver).publish_floors(parts.positions.clone());
         Session {
             writer: parts.writer,
             intake: parts.intake,
-            rewind: Rewind::default(),
             commit: parts.commit,
             changes: Vec::new(),
             owned: BTreeSet::new(),
-            positions: parts.positions,
             metrics: parts.metrics,
             health: parts.health,
             shutdown: parts.shutdown,
@@ -144,11 +138,9 @@ impl Session {
         group: &dyn Group,
     ) -> Result<Poll, Interrupt> {
         self.hand_over_changes();
-        if let Some(r) = record
-            && self.rewind.read(r.topic, r.partition, r.offset)
-        {
-            // The lag counts from here until the first commit.
-            self.positions.started((r.topic, r.partition), r.offset);
+        if let Some(r) = record {
+            // The rewind's last resort, and where the lag counts from until the first commit.
+            self.writer.driver.read(r.topic, r.partition, r.offset);
         }
         if self.writer.driver.rewind_owed() {
             self.rewind_now(group)?;
@@ -243,12 +235,7 @@ impl Session {
                 Gone::Replaced => held.clear(&self.metrics),
             }
         }
-        match gone {
-            Gone::Revoked => self.rewind.forget(&partitions),
-            Gone::Replaced => self.rewind.clear(),
-        }
         self.writer.driver.forget(&partitions);
-        self.positions.forget(&partitions);
         match gone {
             // Before the transform hears of the revoke, it hears how its units ended.
             Gone::Revoked => self.changes.push(Change::Revoked(partitions)),
@@ -406,9 +393,7 @@ impl Session {
         self.intake.clear();
         let driver = &self.writer.driver;
         let timeout = driver.call_timeout();
-        let done = self
-            .rewind
-            .perform(group, driver, timeout, &self.health, &self.shutdown)?;
+        let done = rewind::perform(group, driver, timeout, &self.health, &self.shutdown)?;
         let Some(rewound) = done else {
             // Shutdown began: nothing is open, the loop ends next.
             return Ok(());
@@ -557,10 +542,10 @@ impl Session {
     pub fn facts(&mut self, tp: &Tp) -> Facts {
         let driver = &self.writer.driver;
         Facts {
-            first_read: self.rewind.first_read(tp),
-            committed: driver.last_committed(tp),
+            first_read: driver.ledger().first_read(tp),
+            committed: driver.ledger().last_committed(tp),
             verdicts: driver.verdicts_on(tp),
-            floor: self.positions.floor(tp),
+            floor: driver.ledger().published_floor(tp),
             held: (self.intake.held()).is_some_and(|h| h.holds(&tp.0, tp.1)),
         }
     }

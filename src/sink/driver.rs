@@ -14,6 +14,7 @@ mod rewind;
 mod routed;
 mod unknown;
 
+use super::ledger::Ledger;
 use super::offsets::CommitOffsets;
 use super::rejected::{Rejections, Source, Verdict};
 use super::routes::Routes;
@@ -29,9 +30,6 @@ use crate::metrics::Metrics;
 use crate::records::Outgoing;
 use crate::transform::Reason;
 use routed::Denial;
-
-/// Told the offsets of every commit.
-type OnCommit = Box<dyn Fn(&[(Tp, i64)]) + Send>;
 
 /// Where the unit of work stands.
 enum State {
@@ -49,14 +47,14 @@ pub struct Driver {
     sink: Box<dyn Sink>,
     bounds: Bounds,
     state: State,
+    /// Each owned partition's offsets: first read, last committed.
+    ledger: Ledger,
     offsets: CommitOffsets,
     rejections: Rejections,
     /// Aborts and recreations since the last commit.
     failures: u32,
     /// Units committed since start.
     commits: u64,
-    /// Told the offsets of every commit.
-    on_commit: Option<OnCommit>,
     /// A commit whose outcome was unknown, counted once the committed offsets tell.
     unresolved: Option<unknown::Unresolved>,
     /// How units ended since the last take, in order: one for every unit begun.
@@ -120,9 +118,20 @@ impl Driver {
         self.commits
     }
 
-    /// `f` is told the offsets of every commit (the lag gauges count from them).
-    pub fn on_commit(&mut self, f: impl Fn(&[(Tp, i64)]) + Send + 'static) {
-        self.on_commit = Some(Box::new(f));
+    /// Each owned partition's offsets.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// The ledger publishes the lag's floors to `positions` from now on.
+    pub fn publish_floors(&mut self, positions: Arc<crate::lag::Positions>) {
+        self.ledger.publish_to(positions);
+    }
+
+    /// A record of `topic`/`partition` at `offset` was polled. Whether it is the partition's
+    /// first since it was assigned.
+    pub fn read(&mut self, topic: &str, partition: i32, offset: i64) -> bool {
+        self.ledger.read(topic, partition, offset)
     }
 
     /// How units ended since the last take, in order, once that is known: one for every unit
@@ -314,7 +323,7 @@ impl Driver {
             return Ok(Outcome::Aborted);
         }
         let started = Instant::now();
-        let offsets = self.offsets.to_commit(unit, group.positions(), unapplied);
+        let offsets = (self.offsets).to_commit(&self.ledger, unit, group.positions(), unapplied);
         let reply = self.sink.commit(&offsets, group, &self.bounds);
         self.heard.merge(reply.feedback);
         match reply.result {
@@ -365,10 +374,7 @@ impl Driver {
         for (topic, partition, next) in unit.next_offsets() {
             self.rejections.committed(topic, partition, next);
         }
-        if let Some(f) = &self.on_commit {
-            f(&offsets);
-        }
-        self.offsets.committed(offsets);
+        self.ledger.committed(&offsets);
         // A committed unit's records were all taken: nothing to learn from.
         self.heard.refused.clear();
         self.routes.committed();
@@ -393,7 +399,7 @@ impl Driver {
         matches!(self.state, State::Idle)
             && self
                 .offsets
-                .advance_due(|| group.positions(), unapplied, interval)
+                .advance_due(&self.ledger, || group.positions(), unapplied, interval)
     }
 
     /// Aborts the open unit (if any); a rewind is owed. A failed abort recreates the client,

@@ -33,6 +33,7 @@ pub mod database;
 mod driver;
 pub mod faults;
 pub mod kafka;
+pub mod ledger;
 pub mod offsets;
 pub mod rejected;
 pub mod routes;

@@ -18,6 +18,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::Unit;
+use super::ledger::Ledger;
 use crate::kafka::Tp;
 
 /// Records read but not yet applied: no commit may pass them.
@@ -26,16 +27,15 @@ pub trait Unapplied {
     fn firsts(&self) -> Vec<(Tp, i64)>;
 }
 
-/// What the last commits sent, per partition.
+/// What a commit sends, from the [`Ledger`]'s record of what the last commits sent.
 pub struct CommitOffsets {
-    last: HashMap<Tp, i64>,
+    /// When [`CommitOffsets::advance_due`] last looked.
     last_check: Instant,
 }
 
 impl Default for CommitOffsets {
     fn default() -> Self {
         CommitOffsets {
-            last: HashMap::new(),
             last_check: Instant::now(),
         }
     }
@@ -45,6 +45,7 @@ impl CommitOffsets {
     /// The offsets a commit of `unit` sends, given the consumer's `positions`.
     pub fn to_commit(
         &self,
+        ledger: &Ledger,
         unit: &Unit,
         positions: Vec<(Tp, i64)>,
         unapplied: &dyn Unapplied,
@@ -59,7 +60,7 @@ impl CommitOffsets {
         for (tp, pos) in below(positions, &firsts) {
             match offsets.get_mut(&tp) {
                 Some(next) => *next = (*next).max(pos),
-                None if self.moved(&tp, pos) => {
+                None if moved(ledger, &tp, pos) => {
                     offsets.insert(tp, pos);
                 }
                 None => {}
@@ -68,17 +69,13 @@ impl CommitOffsets {
         offsets.into_iter().collect()
     }
 
-    /// A commit of `offsets` succeeded.
-    pub fn committed(&mut self, offsets: Vec<(Tp, i64)>) {
-        self.last.extend(offsets);
-    }
-
     /// Whether the consumer's `positions` passed control records beyond what was last
     /// committed, so that an offsets-only unit must move the group there. Checked at most
     /// once per `interval`; the caller asks only when no unit is open and no rewind is owed
     /// (then the position is past records that must come again).
     pub fn advance_due(
         &mut self,
+        ledger: &Ledger,
         positions: impl FnOnce() -> Vec<(Tp, i64)>,
         unapplied: &dyn Unapplied,
         interval: Duration,
@@ -89,31 +86,13 @@ impl CommitOffsets {
         self.last_check = Instant::now();
         below(positions(), &unapplied.firsts())
             .into_iter()
-            .any(|(tp, pos)| self.moved(&tp, pos))
+            .any(|(tp, pos)| moved(ledger, &tp, pos))
     }
+}
 
-    /// What the last commit that held `tp` sent for it, since it was assigned.
-    pub fn last(&self, tp: &Tp) -> Option<i64> {
-        self.last.get(tp).copied()
-    }
-
-    /// `partitions` are no longer owned: what this instance committed for them may be
-    /// outdated by the time they come back.
-    pub fn forget(&mut self, partitions: &[Tp]) {
-        for tp in partitions {
-            self.last.remove(tp);
-        }
-    }
-
-    /// A new consumer: nothing is owned yet.
-    pub fn forget_all(&mut self) {
-        self.last.clear();
-    }
-
-    /// The position `pos` of `tp` is past what was last committed for it (or nothing was).
-    fn moved(&self, tp: &Tp, pos: i64) -> bool {
-        self.last.get(tp).is_none_or(|c| pos > *c)
-    }
+/// The position `pos` of `tp` is past what was last committed for it (or nothing was).
+fn moved(ledger: &Ledger, tp: &Tp, pos: i64) -> bool {
+    ledger.last_committed(tp).is_none_or(|c| pos > c)
 }
 
 /// `positions`, each at most its partition's first unapplied offset.
@@ -182,39 +161,39 @@ mod tests {
         };
         unit.consumed(read(0, 10));
         unit.consumed(read(1, 5));
-        let mut offsets = CommitOffsets::default();
+        let (offsets, mut ledger) = (CommitOffsets::default(), Ledger::default());
         // A marker after p0's record; p2 moved past markers only; p1's position is behind.
         let positions = vec![(tp(0), 12), (tp(1), 3), (tp(2), 7)];
         assert_eq!(
-            sorted(offsets.to_commit(&unit, positions.clone(), &Nothing)),
+            sorted(offsets.to_commit(&ledger, &unit, positions.clone(), &Nothing)),
             vec![(tp(0), 12), (tp(1), 6), (tp(2), 7)]
         );
         // p2's record at 6 is staged: nothing of p2 goes; p0's position stops at its staged 11.
         let staged = Staged(vec![(tp(2), 6), (tp(0), 11)]);
         assert_eq!(
-            sorted(offsets.to_commit(&unit, positions.clone(), &staged)),
+            sorted(offsets.to_commit(&ledger, &unit, positions.clone(), &staged)),
             vec![(tp(0), 11), (tp(1), 6), (tp(2), 6)]
         );
-        offsets.committed(vec![(tp(2), 7)]);
+        ledger.committed(&[(tp(2), 7)]);
         // Committed already: p2 does not go again without moving.
         assert_eq!(
-            sorted(offsets.to_commit(&unit, positions, &Nothing)),
+            sorted(offsets.to_commit(&ledger, &unit, positions, &Nothing)),
             vec![(tp(0), 12), (tp(1), 6)]
         );
     }
 
     #[test]
     fn an_offsets_only_unit_is_due_when_a_position_moved_past_the_last_commit() {
-        let mut offsets = CommitOffsets::default();
-        offsets.committed(vec![(tp(0), 10)]);
+        let (mut offsets, mut ledger) = (CommitOffsets::default(), Ledger::default());
+        ledger.committed(&[(tp(0), 10)]);
         let zero = Duration::ZERO;
         let at = |pos| move || vec![(tp(0), pos)];
-        assert!(!offsets.advance_due(at(10), &Nothing, zero));
-        assert!(offsets.advance_due(at(11), &Nothing, zero));
+        assert!(!offsets.advance_due(&ledger, at(10), &Nothing, zero));
+        assert!(offsets.advance_due(&ledger, at(11), &Nothing, zero));
         // A staged record at 10 holds it.
         let staged = Staged(vec![(tp(0), 10)]);
-        assert!(!offsets.advance_due(at(11), &staged, zero));
+        assert!(!offsets.advance_due(&ledger, at(11), &staged, zero));
         // Asked again within the interval: not yet.
-        assert!(!offsets.advance_due(at(11), &Nothing, Duration::from_secs(60)));
+        assert!(!offsets.advance_due(&ledger, at(11), &Nothing, Duration::from_secs(60)));
     }
 }

@@ -12,6 +12,7 @@ use crate::backoff::Backoff;
 use crate::error::Error;
 use crate::events::{AbortReason, Ended, ProducerRecreated};
 use crate::metrics::Metrics;
+use crate::sink::ledger::Ledger;
 use crate::sink::offsets::CommitOffsets;
 use crate::sink::rejected::Rejections;
 use crate::sink::routes::Routes;
@@ -39,11 +40,11 @@ impl Driver {
                         sink,
                         bounds,
                         state: State::Idle,
+                        ledger: Ledger::default(),
                         offsets: CommitOffsets::default(),
                         rejections: Rejections::default(),
                         failures: 0,
                         commits: 0,
-                        on_commit: None,
                         unresolved: None,
                         settled: Vec::new(),
                         routes: Routes::default(),

@@ -43,22 +43,16 @@ impl Driver {
         self.sink.committed(group, partitions, timeout)
     }
 
-    /// What this driver's last successful commit that held `tp` sent for it, since `tp` was
-    /// assigned.
-    pub fn last_committed(&self, tp: &Tp) -> Option<i64> {
-        self.offsets.last(tp)
-    }
-
     /// How many verdicts are kept on `tp`'s records (testing only).
     #[cfg(test)]
     pub fn verdicts_on(&self, tp: &Tp) -> usize {
         self.rejections.verdicts_on(tp)
     }
 
-    /// `partitions` were revoked: what was committed for them is the group's business now,
-    /// and so is judging their refused records.
+    /// `partitions` were revoked: what was read and committed of them is the group's
+    /// business now, and so is judging their refused records.
     pub fn forget(&mut self, partitions: &[Tp]) {
-        self.offsets.forget(partitions);
+        self.ledger.forget(partitions);
         self.rejections.revoked(partitions);
         self.sink.revoked(partitions);
     }
@@ -67,7 +61,7 @@ impl Driver {
     /// nothing yet, and nothing is owed.
     pub fn new_consumer(&mut self) {
         self.forget_unresolved();
-        self.offsets.forget_all();
+        self.ledger.clear();
         if self.rewind_owed() {
             self.state = State::Idle;
         }

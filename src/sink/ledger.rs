@@ -1,0 +1,215 @@
+//! Each owned partition's offsets, in one home.
+//!
+//! Two facts per partition, both since it was assigned: the first offset read (the rewind's
+//! last resort, and where its lag starts), and what this instance's last commit that held it
+//! sent (what a commit need not send again, the rewind's fallback when the sink has no answer).
+//! A revoke forgets the partition's entry and a new consumer every entry, in one call each. The
+//! lag's floor of each partition (the later of the two) is published from here to
+//! [`Positions`], which the lag's own thread reads while the loop may be stuck: it is a view of
+//! this ledger, written by nothing else.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry as Slot;
+use std::sync::Arc;
+
+use crate::kafka::Tp;
+use crate::lag::Positions;
+
+/// What is kept of one partition.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Entry {
+    /// The first offset read since it was assigned.
+    first_read: Option<i64>,
+    /// What the last commit that held it sent.
+    committed: Option<i64>,
+}
+
+impl Entry {
+    /// The offset no record past has committed yet: the later of the two.
+    fn floor(&self) -> Option<i64> {
+        self.first_read.max(self.committed)
+    }
+}
+
+/// The owned partitions' offsets.
+#[derive(Default)]
+pub struct Ledger {
+    /// By topic, so that the per-record look-up borrows the topic name.
+    entries: HashMap<String, HashMap<i32, Entry>>,
+    /// The partition of the last record noted (its first read is known): the next is most
+    /// often of the same one.
+    last: Option<(String, i32)>,
+    /// Where the lag's floors are published, if anywhere.
+    floors: Option<Arc<Positions>>,
+}
+
+impl Ledger {
+    /// Publishes every floor to `positions` from now on.
+    pub fn publish_to(&mut self, positions: Arc<Positions>) {
+        self.floors = Some(positions);
+    }
+
+    /// A record of `topic`/`partition` at `offset` was polled. Whether it is the partition's
+    /// first since it was assigned.
+    pub fn read(&mut self, topic: &str, partition: i32, offset: i64) -> bool {
+        if let Some((t, p)) = &self.last
+            && *p == partition
+            && t == topic
+        {
+            return false;
+        }
+        let entry = match self.entries.get_mut(topic) {
+            Some(ps) => ps.entry(partition).or_default(),
+            None => (self.entries.entry(topic.to_string()).or_default())
+                .entry(partition)
+                .or_default(),
+        };
+        let first = entry.first_read.is_none();
+        if first {
+            entry.first_read = Some(offset);
+            let floor = entry.floor();
+            self.publish([((topic.to_string(), partition), floor)]);
+        }
+        match &mut self.last {
+            // The name's buffer is reused: records of several partitions interleave.
+            Some((t, p)) => {
+                t.clear();
+                t.push_str(topic);
+                *p = partition;
+            }
+            None => self.last = Some((topic.to_string(), partition)),
+        }
+        first
+    }
+
+    /// A commit of this instance sent `offsets`, and they are durable.
+    pub fn committed(&mut self, offsets: &[(Tp, i64)]) {
+        let mut floors = Vec::with_capacity(offsets.len());
+        for ((topic, partition), next) in offsets {
+            let entry = match self.entries.get_mut(topic) {
+                Some(ps) => ps.entry(*partition).or_default(),
+                None => (self.entries.entry(topic.clone()).or_default())
+                    .entry(*partition)
+                    .or_default(),
+            };
+            entry.committed = Some(*next);
+            floors.push(((topic.clone(), *partition), entry.floor()));
+        }
+        self.publish(floors);
+    }
+
+    /// The first offset read of `tp` since it was assigned, if anything was.
+    pub fn first_read(&self, tp: &Tp) -> Option<i64> {
+        self.entry(tp)?.first_read
+    }
+
+    /// What the last commit that held `tp` sent for it, since it was assigned.
+    pub fn last_committed(&self, tp: &Tp) -> Option<i64> {
+        self.entry(tp)?.committed
+    }
+
+    /// `partitions` are no longer owned: a later assignment starts afresh (what this instance
+    /// committed for them may be outdated by the time they come back).
+    pub fn forget(&mut self, partitions: &[Tp]) {
+        for (topic, partition) in partitions {
+            if let Slot::Occupied(mut ps) = self.entries.entry(topic.clone()) {
+                ps.get_mut().remove(partition);
+                if ps.get().is_empty() {
+                    ps.remove();
+                }
+            }
+        }
+        self.last = None;
+        self.publish(partitions.iter().map(|tp| (tp.clone(), None)));
+    }
+
+    /// A new consumer: nothing is owned yet.
+    pub fn clear(&mut self) {
+        let all: Vec<Tp> = (self.entries.iter())
+            .flat_map(|(t, ps)| ps.keys().map(|p| (t.clone(), *p)))
+            .collect();
+        self.forget(&all);
+    }
+
+    /// The floor of `tp` as published to the lag (testing only).
+    #[cfg(test)]
+    pub fn published_floor(&self, tp: &Tp) -> Option<i64> {
+        self.floors.as_ref()?.floor(tp)
+    }
+
+    fn entry(&self, (topic, partition): &Tp) -> Option<&Entry> {
+        self.entries.get(topic)?.get(partition)
+    }
+
+    fn publish(&self, floors: impl IntoIterator<Item = (Tp, Option<i64>)>) {
+        if let Some(positions) = &self.floors {
+            positions.floors(floors);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tp(t: &str, p: i32) -> Tp {
+        (t.to_string(), p)
+    }
+
+    #[test]
+    fn the_first_read_of_each_partition_stays_until_it_is_revoked() {
+        let mut l = Ledger::default();
+        assert!(l.read("a", 0, 5));
+        assert!(!l.read("a", 0, 6));
+        assert!(l.read("a", 1, 9));
+        assert!(l.read("b", 0, 3));
+        // Back to a partition read before: not its first.
+        assert!(!l.read("a", 0, 7));
+        assert_eq!(l.first_read(&tp("a", 0)), Some(5));
+        assert_eq!(l.first_read(&tp("a", 1)), Some(9));
+        assert_eq!(l.first_read(&tp("b", 0)), Some(3));
+        l.forget(&[tp("a", 0)]);
+        assert_eq!(l.first_read(&tp("a", 0)), None);
+        assert_eq!(l.first_read(&tp("a", 1)), Some(9));
+        // Assigned again: its next record is its first.
+        assert!(l.read("a", 0, 20));
+        assert_eq!(l.first_read(&tp("a", 0)), Some(20));
+        l.clear();
+        assert_eq!(l.first_read(&tp("a", 1)), None);
+        assert!(l.read("a", 1, 30));
+    }
+
+    #[test]
+    fn a_commit_before_the_first_read_does_not_make_it_not_first() {
+        let mut l = Ledger::default();
+        // Markers only: the commit moved the group past them before any record came.
+        l.committed(&[(tp("a", 0), 4)]);
+        assert!(l.read("a", 0, 6));
+        assert_eq!(l.first_read(&tp("a", 0)), Some(6));
+        assert_eq!(l.last_committed(&tp("a", 0)), Some(4));
+    }
+
+    #[test]
+    fn a_revoke_forgets_both_facts_and_the_published_floor() {
+        let positions = Arc::new(Positions::default());
+        let mut l = Ledger::default();
+        l.publish_to(positions.clone());
+        l.read("a", 0, 5);
+        assert_eq!(positions.floor(&tp("a", 0)), Some(5));
+        l.committed(&[(tp("a", 0), 8), (tp("a", 1), 3)]);
+        assert_eq!(positions.floor(&tp("a", 0)), Some(8));
+        assert_eq!(positions.floor(&tp("a", 1)), Some(3));
+        l.forget(&[tp("a", 0)]);
+        assert_eq!(
+            (l.first_read(&tp("a", 0)), l.last_committed(&tp("a", 0))),
+            (None, None)
+        );
+        assert_eq!(positions.floor(&tp("a", 0)), None);
+        // The other partition keeps its facts.
+        assert_eq!(l.last_committed(&tp("a", 1)), Some(3));
+        assert_eq!(positions.floor(&tp("a", 1)), Some(3));
+        l.clear();
+        assert_eq!(l.last_committed(&tp("a", 1)), None);
+        assert_eq!(positions.floor(&tp("a", 1)), None);
+    }
+}
