@@ -140,13 +140,16 @@ impl AbortReason {
 /// Creates every series of the fixed-label counters at 0: a series that appears only on its
 /// first increment makes `rate()` and `increase()` miss that first event, and leaves dashboards
 /// and alerts without data until something goes wrong.
-pub fn initialise(m: &Metrics) {
+pub fn initialise(m: &Metrics, refusers: &[&transform::Refuser]) {
     for r in AbortReason::ALL {
         m.transaction_aborts.with_label_values(&[r.as_str()]);
         m.producer_recreations.with_label_values(&[r.as_str()]);
     }
     for r in transform::Reason::ALL {
         m.records_dlq.with_label_values(&[r.as_str()]);
+    }
+    for r in refusers {
+        m.records_dlq.with_label_values(&[r.reason]);
     }
     for outcome in ["committed", "aborted"] {
         m.transactions.with_label_values(&[outcome]);
@@ -271,8 +274,8 @@ pub struct TransactionCommitted<'a> {
     pub consumed: &'a [(&'a str, i32, u64)],
     /// Inputs that yielded no output.
     pub filtered: u64,
-    /// DLQ records by reason (index in [`transform::Reason::ALL`]).
-    pub dead_lettered: &'a [u64],
+    /// DLQ records by reason.
+    pub dead_lettered: &'a [(transform::Reason, u64)],
     /// Input records in the transaction.
     pub records: u64,
     /// Input timestamps (ms since the epoch), for the end-to-end latency.
@@ -300,7 +303,7 @@ impl TransactionCommitted<'_> {
                 .inc_by(*n);
         }
         m.records_filtered.inc_by(self.filtered);
-        for (r, n) in transform::Reason::ALL.iter().zip(self.dead_lettered) {
+        for (r, n) in self.dead_lettered {
             if *n > 0 {
                 m.records_dlq.with_label_values(&[r.as_str()]).inc_by(*n);
             }
@@ -535,10 +538,11 @@ mod tests {
     #[test]
     fn fixed_labels_exist_before_their_first_event() {
         let m = Metrics::new();
-        initialise(&m);
+        initialise(&m, &[&transform::Refuser::TEST]);
         let text = m.render();
         assert!(text.contains("exactly_transaction_aborts_total{reason=\"commit_failed\"} 0"));
         assert!(text.contains("exactly_records_dlq_total{reason=\"not_json\"} 0"));
+        assert!(text.contains("exactly_records_dlq_total{reason=\"rejected_by_broker\"} 0"));
         assert!(text.contains("exactly_producer_recreations_total{reason=\"commit_fenced\"} 0"));
         assert!(text.contains("exactly_rebalances_total{event=\"lost\"} 0"));
         assert!(text.contains("exactly_transactions_total{outcome=\"aborted\"} 0"));
@@ -565,7 +569,10 @@ mod tests {
         TransactionCommitted {
             consumed: &[("in", 0, 3)],
             filtered: 1,
-            dead_lettered: &[0, 2, 0, 0, 0, 0, 0],
+            dead_lettered: &[
+                (transform::Reason::JqError, 2),
+                (transform::Reason::Rejected(&transform::Refuser::TEST), 1),
+            ],
             records: 3,
             timestamps: &[0],
             took: Duration::from_millis(4),
@@ -581,6 +588,7 @@ mod tests {
             "exactly_records_consumed_total{partition=\"0\",topic=\"in\"} 3",
             "exactly_records_filtered_total 1",
             "exactly_records_dlq_total{reason=\"jq_error\"} 2",
+            "exactly_records_dlq_total{reason=\"rejected_by_broker\"} 1",
             "exactly_transaction_records_count 1",
         ] {
             assert!(text.contains(line), "{line} missing from:\n{text}");
@@ -589,7 +597,7 @@ mod tests {
         TransactionCommitted {
             consumed: &[],
             filtered: 0,
-            dead_lettered: &[0; 7],
+            dead_lettered: &[],
             records: 0,
             timestamps: &[],
             took: Duration::from_millis(2),

@@ -211,11 +211,10 @@ pub fn replay_call(
     Ok(answers)
 }
 
-/// The DLQ reasons of a record whose output the broker or the database refused.
-const REJECTED: [&str; 2] = [
-    crate::transform::Reason::RejectedByBroker.as_str(),
-    crate::transform::Reason::RejectedByDatabase.as_str(),
-];
+/// The DLQ reasons of a record whose output its destination refused, one per destination.
+fn rejected() -> Vec<&'static str> {
+    (crate::sink::REFUSERS.iter()).map(|r| r.reason).collect()
+}
 /// The DLQ reason of a record whose output's topic kept refusing it.
 const ROUTE_REFUSED: &str = crate::transform::Reason::RouteRefused.as_str();
 /// The DLQ reason of a record the windowed stage cannot place (an event time too far ahead of
@@ -359,7 +358,7 @@ fn refused_inputs(history: &History, r: &mut Report) -> HashSet<Id> {
             .map(|l| (l.0, l.1, l.2))
             .collect()
     };
-    let mut rejected = refused(&REJECTED);
+    let mut rejected = refused(&rejected());
     r.rejected_by_broker = rejected.len();
     let route_refused = refused(&[ROUTE_REFUSED]);
     r.route_refused = route_refused.len();
@@ -846,8 +845,10 @@ mod tests {
         // Its DLQ copy comes before input 4's.
         let mut d = output(0, 0, "in/0/3/0", "x");
         d.topic = "out.dlq".into();
-        d.headers
-            .push((headers::ERROR_REASON.into(), Some(REJECTED[0].into())));
+        d.headers.push((
+            headers::ERROR_REASON.into(),
+            Some(crate::sink::kafka::BROKER.reason.into()),
+        ));
         h.dlq[0].offset = 1;
         h.dlq.insert(0, d.clone());
         let r = check(&h);
@@ -990,7 +991,7 @@ mod tests {
             crate::transform::dedup::AHEAD_OF_CLOCK
         );
         let cases = [
-            (REJECTED[0], ""),
+            (crate::sink::kafka::BROKER.reason, ""),
             (DEDUP_INPUT, ahead.as_str()),
             (DEDUP_INPUT, "no key"),
         ];

@@ -38,7 +38,7 @@ use crate::transform::{Reason, Refuser};
 
 /// The database, refusing rows for what they hold (a constraint, a type).
 pub static DATABASE: Refuser = Refuser {
-    reason: Reason::RejectedByDatabase,
+    reason: "rejected_by_database",
     header: crate::headers::ERROR_DATABASE,
     who: "the database",
     refused: "the database refused a record's row; its replay sends the dead-letter copy",

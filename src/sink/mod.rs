@@ -58,6 +58,10 @@ pub use driver::Driver;
 pub use offsets::Unapplied;
 pub use unit::{Consumed, Unit};
 
+/// Who refuses records for what they are, one per destination: the DLQ reasons a refusal can
+/// have (a new destination adds its own).
+pub static REFUSERS: [&Refuser; 2] = [&kafka::BROKER, &database::DATABASE];
+
 /// A sink: the seam between the loop and where its records go.
 ///
 /// The [`Driver`] calls these in order: `begin`, `send`…, then `commit` or `abort`. A failure

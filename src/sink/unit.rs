@@ -34,10 +34,10 @@ pub struct Unit {
     offsets: HashMap<String, HashMap<i32, (i64, u64)>>,
     /// Input timestamps (ms since the epoch), for the end-to-end latency at commit.
     timestamps: Vec<i64>,
-    /// Inputs that yielded no output, and DLQ records by reason (index in [`Reason::ALL`]):
+    /// Inputs that yielded no output, and DLQ records by reason (a few reasons at most):
     /// counted when the unit commits, so that a record replayed after an abort counts once.
     filtered: u64,
-    dead_lettered: [u64; Reason::ALL.len()],
+    dead_lettered: Vec<(Reason, u64)>,
 }
 
 impl Unit {
@@ -99,11 +99,10 @@ impl Unit {
     }
 
     pub(super) fn dead_lettered(&mut self, reason: Reason) {
-        let i = Reason::ALL
-            .iter()
-            .position(|r| *r == reason)
-            .unwrap_or_default();
-        self.dead_lettered[i] += 1;
+        match self.dead_lettered.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, n)) => *n += 1,
+            None => self.dead_lettered.push((reason, 1)),
+        }
     }
 
     /// What the commit sends: the next offset of each consumed partition.
@@ -161,5 +160,31 @@ mod tests {
             next,
             [("a".into(), 0, 16), ("a".into(), 1, 4), ("b".into(), 0, 8)]
         );
+    }
+
+    #[test]
+    fn each_reason_counts_apart_and_a_destinations_refusal_under_its_own_name() {
+        let mut t = Unit::new();
+        t.consumed(Consumed {
+            topic: "a",
+            partition: 0,
+            offset: 1,
+            bytes: 1,
+            timestamp: None,
+        });
+        let refused = Reason::Rejected(&crate::transform::Refuser::TEST);
+        for r in [refused, Reason::JqError, refused] {
+            t.dead_lettered(r);
+        }
+        let m = Metrics::new();
+        t.emit_committed(Duration::ZERO, &m);
+        let text = m.render();
+        for line in [
+            "exactly_records_dlq_total{reason=\"rejected_by_broker\"} 2",
+            "exactly_records_dlq_total{reason=\"jq_error\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
+        assert!(!text.contains("not_json"), "{text}");
     }
 }

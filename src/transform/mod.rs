@@ -309,10 +309,9 @@ pub enum Reason {
     TooManyOutputs,
     /// An --envelope output is not a valid envelope.
     BadEnvelope,
-    /// The broker rejected an output for what it is (its size, its bytes, its timestamp).
-    RejectedByBroker,
-    /// The database refused an output's row for what it holds (a constraint, a type).
-    RejectedByDatabase,
+    /// The destination refused an output for what it is (the broker: its size, its bytes, its
+    /// timestamp; a database: what its row holds), named by the destination's [`Refuser`].
+    Rejected(&'static Refuser),
     /// The application behind --call-url refused the record.
     AppRejected,
     /// An output's topic (an envelope's or the application's) refused it for --route-timeout:
@@ -327,15 +326,14 @@ pub enum Reason {
 }
 
 impl Reason {
-    /// Every reason, so the DLQ counter starts at 0 for each.
-    pub const ALL: [Reason; 12] = [
+    /// Every reason but a destination's refusal (each destination names its own: its
+    /// [`Refuser`]), so the DLQ counter starts at 0 for each.
+    pub const ALL: [Reason; 10] = [
         Reason::NotJson,
         Reason::JqError,
         Reason::OutputTooLarge,
         Reason::TooManyOutputs,
         Reason::BadEnvelope,
-        Reason::RejectedByBroker,
-        Reason::RejectedByDatabase,
         Reason::AppRejected,
         Reason::RouteRefused,
         Reason::DedupInput,
@@ -351,8 +349,7 @@ impl Reason {
             Reason::OutputTooLarge => "output_too_large",
             Reason::TooManyOutputs => "too_many_outputs",
             Reason::BadEnvelope => "bad_envelope",
-            Reason::RejectedByBroker => "rejected_by_broker",
-            Reason::RejectedByDatabase => "rejected_by_database",
+            Reason::Rejected(by) => by.reason,
             Reason::AppRejected => "app_rejected",
             Reason::RouteRefused => "route_refused",
             Reason::DedupInput => "dedup_input",
@@ -381,10 +378,11 @@ pub struct TransformError {
 /// Who refuses records for what they are: where outputs go. Each destination says its own
 /// (`sink::kafka::BROKER`, `sink::database::DATABASE`); what a refusal is called in a DLQ copy
 /// and in the logs comes from here.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Refuser {
-    /// The DLQ reason of a record whose output it refused.
-    pub reason: Reason,
+    /// The DLQ reason of a record whose output it refused (`rejected_by_broker`), a metric
+    /// label: [`Reason::Rejected`]'s name.
+    pub reason: &'static str,
     /// The DLQ header that carries its name for the error.
     pub header: &'static str,
     /// Its name in a sentence: `the broker`, `the database`.
@@ -401,7 +399,7 @@ impl Refuser {
     /// For the tests of the layers below the sinks (the broker's words).
     #[cfg(test)]
     pub const TEST: Refuser = Refuser {
-        reason: Reason::RejectedByBroker,
+        reason: "rejected_by_broker",
         header: "exactly.error.broker",
         who: "the broker",
         refused: "the broker rejected a record",
@@ -428,7 +426,7 @@ impl TransformError {
         TransformError {
             refused: Some((by, error)),
             ..TransformError::new(
-                by.reason,
+                Reason::Rejected(by),
                 format!("{} refused an output of this record: {error}", by.who),
             )
         }

@@ -17,11 +17,11 @@ mod size;
 pub use at_least_once::AtLeastOnce;
 pub use exactly_once::ExactlyOnce;
 
-use crate::transform::{Reason, Refuser};
+use crate::transform::Refuser;
 
 /// The broker, rejecting records for what they are (their size, their bytes, their timestamp).
 pub static BROKER: Refuser = Refuser {
-    reason: Reason::RejectedByBroker,
+    reason: "rejected_by_broker",
     header: crate::headers::ERROR_BROKER,
     who: "the broker",
     refused: "the broker rejected a record; its replay sends the dead-letter copy",
