@@ -91,8 +91,8 @@ impl Positions {
 }
 
 /// The next offset not yet committed: the position read to, but no further than the later of
-/// the group's offset the consumer started from and this instance's floor (its first read,
-/// then its commits); the older of the two is stale (commits made since the start; a
+/// the group's offset the consumer started from and this instance's floor (the later of its
+/// first read and its last commit); the older of the two is stale (commits made since the start; a
 /// partition that came back after another member committed it).
 fn held_back(next: Option<i64>, start: Option<i64>, ours: Option<i64>) -> Option<i64> {
     let floor = start.into_iter().chain(ours).max();

@@ -204,7 +204,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     ));
 
     tokio::spawn(not_ready_from(shutdown.clone(), health.clone()));
-    events::initialise(&metrics, &sink::REFUSERS);
+    events::initialise(&metrics, sink::REFUSERS);
     if let Some(addr) = config.http_addr {
         let bound = http::serve(
             addr,

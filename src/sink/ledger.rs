@@ -7,6 +7,12 @@
 //! lag's floor of each partition (the later of the two) is published from here to
 //! [`Positions`], which the lag's own thread reads while the loop may be stuck: it is a view of
 //! this ledger, written by nothing else.
+//!
+//! A sink that keeps the offsets itself knows a third fact, which is the destination's, not
+//! this instance's: what its table holds (the database sink's claims, the value its
+//! compare-and-set expects). After a commit whose answer was lost the table may be ahead of
+//! the last commit this instance knows of, until the rewind reads it back and the driver
+//! resolves the outcome; so the two are kept apart, and forgotten in the same call.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry as Slot;

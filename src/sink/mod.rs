@@ -60,7 +60,7 @@ pub use unit::{Consumed, Unit};
 
 /// Who refuses records for what they are, one per destination: the DLQ reasons a refusal can
 /// have (a new destination adds its own).
-pub static REFUSERS: [&Refuser; 2] = [&kafka::BROKER, &database::DATABASE];
+pub static REFUSERS: &[&Refuser] = &[&kafka::BROKER, &database::DATABASE];
 
 /// A sink: the seam between the loop and where its records go.
 ///
@@ -144,6 +144,8 @@ pub fn start(
         (None, Guarantee::ExactlyOnce) => Box::new(kafka::ExactlyOnce::new(kafka_settings, config)),
         (None, Guarantee::AtLeastOnce) => Box::new(kafka::AtLeastOnce::new(kafka_settings, config)),
     };
+    // Its refusals' counter starts at 0 and the audit knows their reason only if it is listed.
+    debug_assert!(REFUSERS.contains(&sink.destination().refuser));
     let sink = faults::wrap(sink, test);
     let bounds = Bounds::new(health, config.transaction_timeout);
     let started = Driver::start(sink, bounds, config.startup_timeout, metrics, shutdown);
@@ -396,4 +398,28 @@ pub enum Content {
     Output,
     /// The dead-letter copy of an input that could not go out, and why.
     DeadLetter(crate::transform::Reason),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transform::Reason;
+
+    #[test]
+    fn every_dead_letter_reason_has_its_own_label_and_starts_at_zero() {
+        let names: Vec<&str> = (Reason::ALL.iter().map(|r| r.as_str()))
+            .chain(REFUSERS.iter().map(|r| r.reason))
+            .collect();
+        let mut unique = names.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "{names:?}");
+        let m = Metrics::new();
+        crate::events::initialise(&m, REFUSERS);
+        let text = m.render();
+        for name in names {
+            let line = format!("exactly_records_dlq_total{{reason=\"{name}\"}} 0");
+            assert!(text.contains(&line), "{line} missing from:\n{text}");
+        }
+    }
 }

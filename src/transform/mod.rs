@@ -295,8 +295,8 @@ pub const ERROR_REASON: &str = "exactly.error.reason";
 /// The header with the error message, for people.
 pub const ERROR_MESSAGE: &str = "exactly.error.message";
 
-/// Why a record could not be transformed. A small, fixed set: it is a metric label and a
-/// DLQ header.
+/// Why a record could not be transformed. A small set, fixed but for the destinations'
+/// refusals (each named by its [`Refuser`]): it is a metric label and a DLQ header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Reason {
     /// The value is not JSON (or is nested too deeply to parse safely).
