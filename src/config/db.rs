@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use super::parse_duration;
+use crate::db::kafka_offset::KafkaOffset;
 use crate::db::{Backend, Layout, ReadTarget, Target, Write};
 use crate::error::Error;
 
@@ -201,7 +202,7 @@ impl DbArgs {
         let offsets_table = match (&self.db_offsets_table, layout) {
             (Some(t), _) => t.clone(),
             (None, Layout::Exactly) => "exactly_offsets".into(),
-            (None, Layout::KafkaOffset) => "kafka_offset".into(),
+            (None, Layout::KafkaOffset) => KafkaOffset::default().table,
         };
         let dlq_table = self.dlq_table(&table, &tables, &offsets_table)?;
         if let Some(c) = &self.db_lineage_column
@@ -425,7 +426,7 @@ impl AuditDbArgs {
         let offsets = match (&self.db_offsets_table, layout) {
             (Some(t), _) => t.clone(),
             (None, Layout::Exactly) => "exactly_offsets".into(),
-            (None, Layout::KafkaOffset) => "kafka_offset".into(),
+            (None, Layout::KafkaOffset) => KafkaOffset::default().table,
         };
         crate::db::name_parts(&offsets)
             .map_err(|e| Error::Config(format!("--db-offsets-table: {e}")))?;

@@ -302,60 +302,23 @@ impl StoreOptions {
     }
 }
 
-/// The table and its columns.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Layout {
-    /// Table.
-    pub table: String,
-    /// Consumer group column.
-    pub group: String,
-    /// Topic column.
-    pub topic: String,
-    /// Partition column.
-    pub partition: String,
-    /// The next offset to read (the recipe's `untilOffset`).
-    pub offset: String,
-    /// The start of the last batch (the recipe's `fromOffset`), written on export with the
-    /// same value; empty: no such column.
-    pub from: String,
-}
+/// The MySQL table and its columns: the recipes' `kafka_offset`, each part renamed by its
+/// `--mysql-*` option.
+pub use crate::db::kafka_offset::KafkaOffset as Layout;
 
-impl Default for Layout {
-    fn default() -> Layout {
-        Layout {
-            table: "kafka_offset".into(),
-            group: "group_id".into(),
-            topic: "topic".into(),
-            partition: "partition_id".into(),
-            offset: "untilOffset".into(),
-            from: "fromOffset".into(),
-        }
-    }
-}
-
-impl Layout {
-    /// Every name is a plain identifier: they are written into the SQL, not bound.
-    pub fn check(&self) -> Result<(), Error> {
-        for (flag, name) in [
-            ("--mysql-table", &self.table),
-            ("--mysql-group-column", &self.group),
-            ("--mysql-topic-column", &self.topic),
-            ("--mysql-partition-column", &self.partition),
-            ("--mysql-offset-column", &self.offset),
-            ("--mysql-from-column", &self.from),
-        ] {
-            let empty_ok = flag == "--mysql-from-column";
-            let ok = (empty_ok || !name.is_empty())
-                && name.len() <= 64
-                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-            if !ok {
-                return Err(Error::Config(format!(
-                    "{flag}: '{name}' is not a plain table or column name (a-z A-Z 0-9 _)"
-                )));
-            }
-        }
-        Ok(())
-    }
+/// Every name of `layout` is a plain identifier (they are written into the SQL, not bound);
+/// `Err` names the option of the first that is not.
+pub fn check_layout(layout: &Layout) -> Result<(), Error> {
+    let Some((part, name)) = layout.not_plain() else {
+        return Ok(());
+    };
+    let flag = match part {
+        "table" => "--mysql-table".to_string(),
+        part => format!("--mysql-{part}-column"),
+    };
+    Err(Error::Config(format!(
+        "{flag}: '{name}' is not a plain table or column name (a-z A-Z 0-9 _)"
+    )))
 }
 
 #[cfg(test)]
@@ -364,17 +327,28 @@ mod tests {
 
     #[test]
     fn names_that_are_not_plain_identifiers_are_refused() {
-        assert!(Layout::default().check().is_ok());
+        assert!(check_layout(&Layout::default()).is_ok());
         let l = Layout {
             table: "kafka_offset`; DROP TABLE x; --".into(),
             ..Layout::default()
         };
-        assert!(l.check().unwrap_err().to_string().contains("--mysql-table"));
+        assert!(
+            check_layout(&l)
+                .unwrap_err()
+                .to_string()
+                .contains("--mysql-table")
+        );
         let l = Layout {
             from: String::new(),
             ..Layout::default()
         };
-        assert!(l.check().is_ok(), "no fromOffset column is allowed");
+        assert!(check_layout(&l).is_ok(), "no fromOffset column is allowed");
+        let l = Layout {
+            offset: "until-offset".into(),
+            ..Layout::default()
+        };
+        let e = check_layout(&l).unwrap_err().to_string();
+        assert!(e.contains("--mysql-offset-column"), "{e}");
     }
 }
 

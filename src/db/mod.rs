@@ -15,6 +15,7 @@
 //! owner last wrote, that epoch)), the dead-letter copy, and the search for the rows at fault
 //! in a refused batch (`bisect`).
 
+pub mod kafka_offset;
 pub mod mysql;
 pub mod postgres;
 
@@ -53,8 +54,9 @@ pub enum Layout {
     /// updated)`.
     Exactly,
     /// The Spark recipes' `kafka_offset(group_id, topic, partition_id, fromOffset,
-    /// untilOffset)`, the epochs beside it in `<table>_owner` (a Spark job's `REPLACE INTO`
-    /// would reset a column added to its table). MySQL and MariaDB only.
+    /// untilOffset)` ([`kafka_offset::KafkaOffset`]'s names), the epochs beside it in
+    /// `<table>_owner` (a Spark job's `REPLACE INTO` would reset a column added to its
+    /// table). MySQL and MariaDB only.
     KafkaOffset,
 }
 

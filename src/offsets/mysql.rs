@@ -1,7 +1,8 @@
 //! Offsets in MySQL or MariaDB (`mysql://user@host:port/db`), as the Spark Streaming recipes
 //! keep them: a table `kafka_offset(group_id, topic, partition_id, fromOffset, untilOffset)`
 //! written with `REPLACE INTO`, the job resuming from `untilOffset`. Table and column names are
-//! options (`config::offsets::Layout`); the password comes from `--password-env` or `--password-file`.
+//! options, over the one description of that table the database sink shares
+//! (`db::kafka_offset`); the password comes from `--password-env` or `--password-file`.
 //!
 //! mysql_async runs on a runtime of this store's own: the offset commands are synchronous.
 
@@ -23,22 +24,13 @@ impl MysqlStore {
     /// The store at a `mysql://` URL.
     pub fn new(url: &str, options: &StoreOptions) -> Result<MysqlStore, Error> {
         no_password_in(url, "the mysql URL")?;
-        options.mysql.check()?;
-        // The crate's message quotes the URL, query parameters and all: not printed.
-        let parsed = mysql_async::Opts::from_url(url).map_err(|_| {
-            Error::Config(format!(
-                "'{}' is not a MySQL URL (mysql://user@host:port/database)",
-                redact(url)
-            ))
-        })?;
-        if parsed.ssl_opts().is_some() {
-            // This build's client has no TLS (mysql_async's minimal-rust): it would panic at
-            // connect.
-            return Err(Error::Config(format!(
-                "'{}': TLS (require_ssl) is not supported for MySQL stores by this build",
-                redact(url)
-            )));
-        }
+        crate::config::offsets::check_layout(&options.mysql)?;
+        // The database sink's check: a MySQL URL naming its database, without TLS (this
+        // build's client has none).
+        let refused = |why: String| Error::Config(format!("'{}': {why}", redact(url)));
+        crate::db::mysql::check_url(url).map_err(refused)?;
+        // Its message would quote the URL, query parameters and all: not printed.
+        let parsed = mysql_async::Opts::from_url(url).map_err(|_| refused("not a URL".into()))?;
         let opts = mysql_async::OptsBuilder::from_opts(parsed)
             .pass(options.password.as_ref().map(|p| p.expose().to_string()))
             .into();

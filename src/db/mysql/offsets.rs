@@ -3,8 +3,9 @@
 //! - exactly's: `(group_id, topic, partition_id, next_offset, owner_epoch, owner, updated)`
 //!   (`partition` is a reserved word);
 //! - the Spark recipes' `kafka_offset(group_id, topic, partition_id, fromOffset,
-//!   untilOffset)`, which a job that kept its offsets there hands over without replay. A
-//!   Spark job's `REPLACE INTO` would reset a column added to its table, so the owners'
+//!   untilOffset)` (the one description of it, [`KafkaOffset`], which the offsets tool
+//!   reads and writes by too), which a job that kept its offsets there hands over without
+//!   replay. A Spark job's `REPLACE INTO` would reset a column added to its table, so the owners'
 //!   epochs live beside it in `<table>_owner`, of the same key. Each commit moves
 //!   `untilOffset` by compare-and-set and sets `fromOffset` to the one before, as the recipes
 //!   do with a batch's range; an old job still writing there changes `untilOffset` under
@@ -13,7 +14,7 @@
 //! Epochs come from a one-row table, `<table>_epoch` (`LAST_INSERT_ID(epoch + 1)`: MySQL has
 //! no sequences), so an epoch never repeats, even for a row deleted and seeded again.
 //!
-//! Group and topic names compare exactly ([`NAMES`]), whatever the columns' collation: the
+//! Group and topic names compare exactly ([`Key`]), whatever the columns' collation: the
 //! recipes create `kafka_offset` with the server's default, which ignores case (and accents),
 //! and under it `Orders` would read and move `orders`'s rows. Such a table cannot hold both
 //! (its key ignores case too): a group or topic whose name collides with another's there is
@@ -23,20 +24,53 @@ use mysql_async::Value;
 use mysql_async::prelude::Queryable;
 
 use super::{Conn, bigint, exists, identifier};
+use crate::db::kafka_offset::KafkaOffset;
 use crate::db::{Advance, Claimed, Failure, Layout, in_claim_order, partitions_once};
 
 /// Moves per statement: well under MySQL's 65,535 placeholders.
 const CHUNK: usize = 1000;
 
-/// A group's rows of a topic, the names compared exactly: case-blind first (an index on the
-/// names serves it), then as they are ([`Offsets::names`]'s parameters).
-const NAMES: &str = "group_id = ? AND topic = ? AND group_id = ? COLLATE utf8mb4_bin \
-                     AND topic = ? COLLATE utf8mb4_bin";
+/// A table's key columns, quoted, and `names`: the clause that picks a group's rows of a
+/// topic, the names compared exactly: case-blind first (an index on the names serves it),
+/// then as they are ([`Offsets::names`]'s parameters).
+#[derive(Clone, Debug)]
+struct Key {
+    group: String,
+    topic: String,
+    partition: String,
+    names: String,
+}
+
+impl Key {
+    /// The key `(group, topic, partition)`: plain names (checked where they are chosen).
+    fn of(group: &str, topic: &str, partition: &str) -> Key {
+        let (group, topic) = (format!("`{group}`"), format!("`{topic}`"));
+        Key {
+            names: format!(
+                "{group} = ? AND {topic} = ? AND {group} = ? COLLATE utf8mb4_bin \
+                 AND {topic} = ? COLLATE utf8mb4_bin"
+            ),
+            partition: format!("`{partition}`"),
+            group,
+            topic,
+        }
+    }
+
+    /// exactly's tables' key.
+    fn exactly() -> Key {
+        Key::of("group_id", "topic", "partition_id")
+    }
+}
 
 /// The offsets table, for one group, as one owner.
 #[derive(Clone, Debug)]
 pub struct Offsets {
     layout: Layout,
+    /// The recipes' table, with `Layout::KafkaOffset`.
+    recipe: KafkaOffset,
+    /// The offsets table's key, and the owners' (exactly's names).
+    key: Key,
+    own: Key,
     /// Names as given (for the catalog) and quoted (for statements).
     name: String,
     table: String,
@@ -52,8 +86,16 @@ impl Offsets {
     /// The table `table` in `layout`, for `group`, as `owner`.
     pub fn new(table: &str, layout: Layout, group: &str, owner: &str) -> Result<Offsets, String> {
         let (epochs_name, owners_name) = (format!("{table}_epoch"), format!("{table}_owner"));
+        let recipe = KafkaOffset::named(table);
+        let key = match layout {
+            Layout::Exactly => Key::exactly(),
+            Layout::KafkaOffset => Key::of(&recipe.group, &recipe.topic, &recipe.partition),
+        };
         Ok(Offsets {
             layout,
+            recipe,
+            key,
+            own: Key::exactly(),
             table: identifier(table)?,
             name: table.to_string(),
             epochs: identifier(&epochs_name)?,
@@ -93,14 +135,18 @@ impl Offsets {
             )),
             Layout::KafkaOffset => {
                 // The recipes' own table, as they create it.
+                let (k, (from, until)) = (&self.key, self.offset_columns());
                 wanted.push((
                     &self.name,
                     format!(
-                        "CREATE TABLE IF NOT EXISTS {} (group_id VARCHAR(255) NOT NULL,
-                         topic VARCHAR(255) NOT NULL, partition_id INT NOT NULL,
-                         fromOffset BIGINT NOT NULL, untilOffset BIGINT NOT NULL,
-                         PRIMARY KEY (group_id, topic, partition_id)) ENGINE=InnoDB",
-                        self.table
+                        "CREATE TABLE IF NOT EXISTS {} ({g} VARCHAR(255) NOT NULL,
+                         {t} VARCHAR(255) NOT NULL, {p} INT NOT NULL,
+                         {from} BIGINT NOT NULL, {until} BIGINT NOT NULL,
+                         PRIMARY KEY ({g}, {t}, {p})) ENGINE=InnoDB",
+                        self.table,
+                        g = k.group,
+                        t = k.topic,
+                        p = k.partition,
                     ),
                 ));
                 wanted.push((
@@ -121,15 +167,25 @@ impl Offsets {
         self.collisions(conn, &self.table, None)
     }
 
-    /// `WHERE` for this group's rows of `topic` among `partitions`, and its parameters.
-    fn rows_of(&self, topic: &str, partitions: &[i32]) -> (String, Vec<Value>) {
+    /// The recipes' table's `fromOffset` and `untilOffset`, quoted.
+    fn offset_columns(&self) -> (String, String) {
+        let quoted = |c: &str| format!("`{c}`");
+        (quoted(&self.recipe.from), quoted(&self.recipe.offset))
+    }
+
+    /// `WHERE` for this group's rows of `topic` among `partitions` in a table of `key`, and
+    /// its parameters.
+    fn rows_of(&self, key: &Key, topic: &str, partitions: &[i32]) -> (String, Vec<Value>) {
         let marks = vec!["?"; partitions.len()].join(", ");
         let mut params = self.names(topic).to_vec();
         params.extend(partitions.iter().map(|p| Value::from(*p)));
-        (format!("{NAMES} AND partition_id IN ({marks})"), params)
+        (
+            format!("{} AND {} IN ({marks})", key.names, key.partition),
+            params,
+        )
     }
 
-    /// The parameters of [`NAMES`] for this group's rows of `topic`.
+    /// The parameters of [`Key::names`] for this group's rows of `topic`.
     fn names(&self, topic: &str) -> [Value; 4] {
         let (g, t) = (Value::from(&self.group), Value::from(topic));
         [g.clone(), t.clone(), g, t]
@@ -139,22 +195,27 @@ impl Offsets {
     /// collation (another group's rows would be taken for this one's; or rows could not be
     /// written, the key ignoring the difference).
     fn collisions(&self, conn: &Conn, table: &str, topic: Option<&str>) -> Result<(), Failure> {
+        let (g, t) = (&self.key.group, &self.key.topic);
         let (column, sql, params) = match topic {
             None => (
-                "group_id",
+                g,
                 format!(
-                    "SELECT DISTINCT group_id FROM {table} WHERE group_id = ? AND \
-                     group_id <> ? COLLATE utf8mb4_bin LIMIT 1"
+                    "SELECT DISTINCT {g} FROM {table} WHERE {g} = ? AND \
+                     {g} <> ? COLLATE utf8mb4_bin LIMIT 1"
                 ),
                 vec![Value::from(&self.group), Value::from(&self.group)],
             ),
-            Some(t) => (
-                "topic",
+            Some(topic) => (
+                t,
                 format!(
-                    "SELECT DISTINCT topic FROM {table} WHERE group_id = ? COLLATE utf8mb4_bin \
-                     AND topic = ? AND topic <> ? COLLATE utf8mb4_bin LIMIT 1"
+                    "SELECT DISTINCT {t} FROM {table} WHERE {g} = ? COLLATE utf8mb4_bin \
+                     AND {t} = ? AND {t} <> ? COLLATE utf8mb4_bin LIMIT 1"
                 ),
-                vec![Value::from(&self.group), Value::from(t), Value::from(t)],
+                vec![
+                    Value::from(&self.group),
+                    Value::from(topic),
+                    Value::from(topic),
+                ],
             ),
         };
         let other: Option<String> = conn.call(async |c| c.exec_first(sql, params).await)?;
@@ -165,8 +226,8 @@ impl Offsets {
         Err(Failure::setup(format!(
             "{table}'s {column} ignores case or accents (its collation), and holds rows of \
              '{other}', which it cannot tell from '{ours}': they would share rows. Make the \
-             names exact (ALTER TABLE {table} MODIFY group_id VARCHAR(255) CHARACTER SET \
-             utf8mb4 COLLATE utf8mb4_bin NOT NULL, MODIFY topic VARCHAR(255) CHARACTER SET \
+             names exact (ALTER TABLE {table} MODIFY {g} VARCHAR(255) CHARACTER SET \
+             utf8mb4 COLLATE utf8mb4_bin NOT NULL, MODIFY {t} VARCHAR(255) CHARACTER SET \
              utf8mb4 COLLATE utf8mb4_bin NOT NULL), or choose another name"
         )))
     }
@@ -293,11 +354,15 @@ impl Offsets {
                     Value::from(*seed),
                 ]);
             }
+            let (k, (from, until)) = (&self.key, self.offset_columns());
             let sql = format!(
-                "INSERT INTO {} (group_id, topic, partition_id, fromOffset, untilOffset)
-                     VALUES {} ON DUPLICATE KEY UPDATE partition_id = partition_id",
+                "INSERT INTO {} ({g}, {t}, {p}, {from}, {until})
+                     VALUES {} ON DUPLICATE KEY UPDATE {p} = {p}",
                 self.table,
-                vec!["(?, ?, ?, ?, ?)"; seeds.len()].join(", ")
+                vec!["(?, ?, ?, ?, ?)"; seeds.len()].join(", "),
+                g = k.group,
+                t = k.topic,
+                p = k.partition,
             );
             conn.call(async |c| c.exec_drop(sql, params).await)?;
         }
@@ -362,8 +427,8 @@ impl Offsets {
         let sql = format!(
             "UPDATE {} SET next_offset = CASE partition_id {cases} END,
                updated = CURRENT_TIMESTAMP(6)
-             WHERE {NAMES} AND ({matches})",
-            self.table
+             WHERE {} AND ({matches})",
+            self.table, self.key.names
         );
         let matched = conn.call(async |c| {
             c.exec_drop(sql, params).await?;
@@ -388,8 +453,8 @@ impl Offsets {
         let owned = vec!["(partition_id = ? AND owner_epoch = ?)"; moves.len()].join(" OR ");
         let sql = format!(
             "UPDATE {} SET updated = CURRENT_TIMESTAMP(6)
-             WHERE {NAMES} AND ({owned})",
-            self.owners
+             WHERE {} AND ({owned})",
+            self.owners, self.own.names
         );
         let matched = conn.call(async |c| {
             c.exec_drop(sql, params).await?;
@@ -413,12 +478,14 @@ impl Offsets {
             for m in &moved {
                 params.extend([Value::from(m.partition), Value::from(m.from)]);
             }
-            let matches = vec!["(partition_id = ? AND untilOffset = ?)"; moved.len()].join(" OR ");
+            let (k, (from, until)) = (&self.key, self.offset_columns());
+            let p = &k.partition;
+            let matches = vec![format!("({p} = ? AND {until} = ?)"); moved.len()].join(" OR ");
             let sql = format!(
-                "UPDATE {} SET fromOffset = CASE partition_id {cases} END,
-                   untilOffset = CASE partition_id {cases} END
-                 WHERE {NAMES} AND ({matches})",
-                self.table
+                "UPDATE {} SET {from} = CASE {p} {cases} END,
+                   {until} = CASE {p} {cases} END
+                 WHERE {} AND ({matches})",
+                self.table, k.names
             );
             let matched = conn.call(async |c| {
                 c.exec_drop(sql, params).await?;
@@ -428,30 +495,45 @@ impl Offsets {
                 return Ok(false);
             }
         }
-        if !new.is_empty() {
-            let mut params = Vec::new();
-            for m in &new {
-                params.extend([
-                    Value::from(&self.group),
-                    Value::from(topic),
-                    Value::from(m.partition),
-                    Value::from(m.to),
-                    Value::from(m.to),
-                ]);
-            }
-            let sql = format!(
-                "INSERT INTO {} (group_id, topic, partition_id, fromOffset, untilOffset) VALUES {}",
-                self.table,
-                vec!["(?, ?, ?, ?, ?)"; new.len()].join(", ")
-            );
-            match conn.call(async |c| c.exec_drop(sql, params).await) {
-                Ok(()) => {}
-                // Somebody wrote the row since the claim saw none.
-                Err(e) if e.code.as_deref() == Some("1062") => return Ok(false),
-                Err(e) => return Err(e),
-            }
+        self.insert_kafka_offset(conn, topic, &new)
+    }
+
+    /// The recipes' rows of `new` moves, where the claim saw none; whether every one went in
+    /// (`false`: somebody wrote one since).
+    fn insert_kafka_offset(
+        &self,
+        conn: &Conn,
+        topic: &str,
+        new: &[&Advance],
+    ) -> Result<bool, Failure> {
+        if new.is_empty() {
+            return Ok(true);
         }
-        Ok(true)
+        let mut params = Vec::new();
+        for m in new {
+            params.extend([
+                Value::from(&self.group),
+                Value::from(topic),
+                Value::from(m.partition),
+                Value::from(m.to),
+                Value::from(m.to),
+            ]);
+        }
+        let (k, (from, until)) = (&self.key, self.offset_columns());
+        let sql = format!(
+            "INSERT INTO {} ({}, {}, {}, {from}, {until}) VALUES {}",
+            self.table,
+            k.group,
+            k.topic,
+            k.partition,
+            vec!["(?, ?, ?, ?, ?)"; new.len()].join(", ")
+        );
+        match conn.call(async |c| c.exec_drop(sql, params).await) {
+            Ok(()) => Ok(true),
+            // Somebody wrote the row since the claim saw none.
+            Err(e) if e.code.as_deref() == Some("1062") => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// What the table holds for `partitions` of `topic`: (partition, next offset, epoch), for
@@ -466,7 +548,7 @@ impl Offsets {
         if partitions.is_empty() {
             return Ok(Vec::new());
         }
-        let (filter, params) = self.rows_of(topic, partitions);
+        let (filter, params) = self.rows_of(&self.key, topic, partitions);
         let column = |rows: Vec<mysql_async::Row>, what: &str| {
             let mut out = std::collections::BTreeMap::new();
             for mut r in rows {
@@ -501,18 +583,16 @@ impl Offsets {
                 out
             }
             Layout::KafkaOffset => {
-                let offsets = format!(
-                    "SELECT partition_id, untilOffset FROM {} WHERE {filter}",
-                    self.table
-                );
+                let (p, (_, until)) = (&self.key.partition, self.offset_columns());
+                let offsets = format!("SELECT {p}, {until} FROM {} WHERE {filter}", self.table);
+                let (own, p2) = self.rows_of(&self.own, topic, partitions);
                 let epochs = format!(
-                    "SELECT partition_id, owner_epoch FROM {} WHERE {filter}",
+                    "SELECT partition_id, owner_epoch FROM {} WHERE {own}",
                     self.owners
                 );
-                let p2 = params.clone();
                 let rows: Vec<mysql_async::Row> =
                     conn.call(async |c| c.exec(offsets, params).await)?;
-                let nexts = column(rows, "untilOffset")?;
+                let nexts = column(rows, &self.recipe.offset)?;
                 let rows: Vec<mysql_async::Row> = conn.call(async |c| c.exec(epochs, p2).await)?;
                 let epochs = column(rows, "owner_epoch")?;
                 let mut ps: Vec<i32> = nexts.keys().chain(epochs.keys()).copied().collect();
