@@ -9,6 +9,8 @@
 //! - [`mysql`]: MySQL and MariaDB (mysql_async): error numbers, rows typed by `JSON_TABLE`
 //!   and a strict `INSERT`, epochs from a one-row table; the offsets in exactly's table or in
 //!   the Spark recipes' `kafka_offset` ([`Layout`]).
+//! - [`kafka_offset`]: that table's one description (its table and column names), which the
+//!   offsets tool reads and writes a job's table by too.
 //!
 //! What both share is here: the offsets' protocol ([`Claimed`], [`Advance`]: a partition is
 //! claimed with a new epoch, and its offset moves only by compare-and-set on (the offset its
