@@ -128,10 +128,9 @@ impl Driver {
         self.ledger.publish_to(positions);
     }
 
-    /// A record of `topic`/`partition` at `offset` was polled. Whether it is the partition's
-    /// first since it was assigned.
-    pub fn read(&mut self, topic: &str, partition: i32, offset: i64) -> bool {
-        self.ledger.read(topic, partition, offset)
+    /// A record of `topic`/`partition` at `offset` was polled: the ledger notes it.
+    pub fn read(&mut self, topic: &str, partition: i32, offset: i64) {
+        self.ledger.read(topic, partition, offset);
     }
 
     /// How units ended since the last take, in order, once that is known: one for every unit
