@@ -7,7 +7,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::metrics::Metrics;
 use crate::transform;
@@ -265,6 +265,34 @@ impl PartitionsFenced<'_> {
         );
         m.database_fenced_partitions
             .inc_by(self.partitions.len() as u64);
+    }
+}
+
+/// The group answered a committed offset below what this process committed there.
+pub struct OffsetWentBack<'a> {
+    /// The partition's topic.
+    pub topic: &'a str,
+    /// The partition.
+    pub partition: i32,
+    /// What the group answered (`None`: nothing committed).
+    pub answered: Option<i64>,
+    /// What this process committed there, where it starts instead.
+    pub committed: i64,
+}
+
+impl OffsetWentBack<'_> {
+    /// Logs and counts it.
+    pub fn emit(&self, m: &Metrics) {
+        error!(
+            topic = self.topic,
+            partition = self.partition,
+            answered = ?self.answered,
+            committed = self.committed,
+            "the group answered a committed offset below what this process committed there: \
+             the broker lost the group's offsets (RELIABILITY.md); starting at what this \
+             process committed instead of repeating what it has"
+        );
+        m.committed_offsets_went_back.inc();
     }
 }
 

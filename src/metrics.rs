@@ -51,6 +51,9 @@ pub struct Metrics {
     pub assigned_partitions: IntGauge,
     /// Producer re-creations, by reason.
     pub producer_recreations: IntCounterVec,
+    /// Partitions whose group answered a committed offset below what this process had
+    /// committed there (a broker that lost the group's offsets): started or rewound at its own.
+    pub committed_offsets_went_back: IntCounter,
     /// 1 when initialised and consuming.
     pub ready: IntGauge,
     /// How long the loop has been inside the transactional librdkafka call it is in; 0
@@ -270,6 +273,12 @@ impl Metrics {
                 "producer_recreations_total",
                 "Transactional producers replaced, by reason.",
                 &["reason"],
+            ),
+            committed_offsets_went_back: plain_counter(
+                "committed_offsets_went_back_total",
+                "Partitions whose group answered a committed offset below what this process had \
+                 committed there (a broker that lost the group's offsets); each started or \
+                 rewound at what this process committed instead.",
             ),
             ready: gauge("ready", "1 when initialised and consuming."),
             kafka_call_waiting: float_gauge(

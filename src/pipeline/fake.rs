@@ -83,6 +83,9 @@ pub struct Broker {
     pub hide_committed: bool,
     /// A request of the client timed out (until the next connect).
     pub stale: bool,
+    /// The offsets are kept with the outputs (a database's table): a claim answers them, and
+    /// what they answer is believed.
+    pub with_outputs: bool,
     /// Topics that do not exist: a send there is refused at once.
     pub missing: Vec<String>,
     /// Topics the principal may not write: a send there is taken, the unit's commit fails
@@ -331,8 +334,13 @@ impl Sink for FakeSink {
         }
     }
 
-    fn claim(&mut self, _: &[Tp], _: &dyn Group, _: &Bounds) -> Result<Starts, Failed> {
-        Ok(Starts::Group)
+    fn claim(&mut self, partitions: &[Tp], _: &dyn Group, _: &Bounds) -> Result<Starts, Failed> {
+        let b = lock(&self.0);
+        if !b.with_outputs {
+            return Ok(Starts::Group);
+        }
+        let at = |tp: &Tp| (tp.clone(), b.committed.get(tp).copied());
+        Ok(Starts::At(partitions.iter().map(at).collect()))
     }
 
     fn exists(&self, _: &str, _: Duration) -> Result<bool, String> {
@@ -344,6 +352,11 @@ impl Sink for FakeSink {
             refuser: &crate::sink::kafka::BROKER,
             aborted: crate::events::Ended::Aborted,
             max_record_bytes: 1 << 20,
+            offsets: if lock(&self.0).with_outputs {
+                crate::sink::OffsetHome::WithOutputs
+            } else {
+                crate::sink::OffsetHome::Group
+            },
         }
     }
 }
@@ -380,12 +393,15 @@ impl FakeGroup {
 
     /// `tp` is assigned, reading from its committed offset, else from `reset`.
     pub fn assign(&self, tp: (&str, i32), reset: i64) {
+        self.assign_at(tp, None, reset);
+    }
+
+    /// `tp` is assigned, reading from `start`, else from its committed offset, else from
+    /// `reset` (librdkafka's assignment with an offset, or without one).
+    pub fn assign_at(&self, tp: (&str, i32), start: Option<i64>, reset: i64) {
         let tp = (tp.0.to_string(), tp.1);
-        let from = lock(&self.broker)
-            .committed
-            .get(&tp)
-            .copied()
-            .unwrap_or(reset);
+        let committed = lock(&self.broker).committed.get(&tp).copied();
+        let from = start.or(committed).unwrap_or(reset);
         self.fetch.borrow_mut().insert(tp.clone(), from);
         self.assigned.borrow_mut().push(tp);
     }
@@ -735,6 +751,23 @@ impl Core {
     pub fn assign(&mut self, tp: (&str, i32), reset: i64) {
         self.group.assign(tp, reset);
         self.session.assigned(vec![(tp.0.to_string(), tp.1)]);
+    }
+
+    /// `tp` is assigned as the consumer's rebalance callback assigns it: claimed first, then
+    /// read from where the claim says (where it says nothing: the committed offset, else
+    /// `reset`).
+    pub fn rejoin(&mut self, tp: (&str, i32), reset: i64) {
+        let owned = (tp.0.to_string(), tp.1);
+        let starts = (self
+            .session
+            .claim(&self.group, std::slice::from_ref(&owned)))
+        .expect("the claim failed");
+        let start = match starts {
+            Starts::Group => None,
+            Starts::At(at) => at.into_iter().find(|(t, _)| *t == owned).and_then(|a| a.1),
+        };
+        self.group.assign_at(tp, start, reset);
+        self.session.assigned(vec![owned]);
     }
 
     /// `tp` is revoked (the rebalance callback).

@@ -6,7 +6,8 @@
 //! way out): the sink's ledger (`sink::ledger`) notes the first offset read of each partition,
 //! once, as it is polled, and the rewind seeks each such partition to its committed offset, as
 //! the sink reads it back, or, where it has none, to what this instance last committed for it,
-//! or, where nothing was, to that first offset. A commit never passes a record read but not
+//! or, where nothing was, to that first offset; never below what this process committed there
+//! (the driver holds it, `sink::ledger`). A commit never passes a record read but not
 //! applied (`sink::offsets`), so each target is at or before every record that must come
 //! again. A partition nothing was read from since it was assigned has not moved, and is left
 //! alone (a seek of a partition still waiting for its first fetch fails in librdkafka).
@@ -64,15 +65,20 @@ pub fn perform(
     };
     // Each partition read: the sink's answer for it, if it gave one.
     let committed: HashMap<Tp, Option<i64>> = answer.iter().cloned().collect();
-    let targets: Vec<(Tp, i64)> = read
+    let mut targets: Committed = read
         .into_iter()
-        .filter_map(|tp| {
+        .map(|tp| {
             let c = committed.get(&tp).copied().flatten();
             let to = c
                 .or_else(|| ledger.last_committed(&tp))
-                .or_else(|| ledger.first_read(&tp))?;
-            Some((tp, to))
+                .or_else(|| ledger.first_read(&tp));
+            (tp, to)
         })
+        .collect();
+    // None below what this process committed: a group that lost its offsets answers less.
+    driver.hold(&mut targets);
+    let targets: Vec<(Tp, i64)> = (targets.into_iter())
+        .filter_map(|(tp, to)| Some((tp, to?)))
         .collect();
     if targets.is_empty() {
         return Ok(Some(Rewound {

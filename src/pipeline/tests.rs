@@ -154,6 +154,82 @@ fn what_was_committed_before_a_partition_was_revoked_is_no_rewind_target_after()
     assert_eq!(core.group.seeks.borrow().last(), Some(&vec![(tp(0), 4)]));
 }
 
+/// A broker restarted uncleanly and its coordinator served the group empty (RELIABILITY.md):
+/// the partition comes back, and the group answers nothing committed.
+#[test]
+fn a_group_that_lost_its_offsets_does_not_start_a_partition_this_process_committed_again() {
+    let mut core = Core::direct(every(2));
+    core.broker().fill(("in", 0), 0, 6, &[]);
+    core.assign(("in", 0), 0);
+    for _ in 0..4 {
+        core.turn(); // committed at 2, then 4
+    }
+    core.revoke(("in", 0));
+    core.broker().committed.clear();
+    core.rejoin(("in", 0), 0);
+    core.run(20);
+    let all: Vec<(i32, i64)> = (0..6).map(|o| (0, o)).collect();
+    assert_eq!(core.broker().lineages("out"), lineages(&all));
+    let went_back = sample(&core, "exactly_committed_offsets_went_back_total");
+    assert_eq!(went_back.as_deref(), Some("1"));
+}
+
+/// A partition this process never committed in starts where the group says.
+#[test]
+fn a_partition_this_process_never_committed_in_starts_where_the_group_says() {
+    let mut core = Core::direct(every(2));
+    core.broker().fill(("in", 0), 0, 7, &[]);
+    core.broker().committed.insert(tp(0), 3);
+    core.rejoin(("in", 0), 0);
+    core.run(20);
+    let rest: Vec<(i32, i64)> = (3..7).map(|o| (0, o)).collect();
+    assert_eq!(core.broker().lineages("out"), lineages(&rest));
+    let went_back = sample(&core, "exactly_committed_offsets_went_back_total");
+    assert_eq!(went_back.as_deref(), Some("0"));
+}
+
+#[test]
+fn a_rewind_never_goes_below_what_this_process_committed_in_the_group() {
+    let mut core = Core::direct(every(2));
+    core.broker().fill(("in", 0), 0, 6, &[]);
+    core.assign(("in", 0), 0);
+    for _ in 0..4 {
+        core.turn(); // committed at 2, then 4
+    }
+    // The group goes back while the partition stays owned; the next commit fails.
+    core.broker().committed.insert(tp(0), 1);
+    core.broker().fail_commits = 1;
+    core.turn();
+    core.turn();
+    assert_eq!(core.group.seeks.borrow().last(), Some(&vec![(tp(0), 4)]));
+    core.run(20);
+    let all: Vec<(i32, i64)> = (0..6).map(|o| (0, o)).collect();
+    assert_eq!(core.broker().lineages("out"), lineages(&all));
+}
+
+/// A database restored from a backup took its rows back with its offsets: reading again from
+/// there is right.
+#[test]
+fn offsets_kept_with_the_outputs_are_believed_when_they_go_back() {
+    let mut core = Core::direct(every(2));
+    core.broker().with_outputs = true;
+    core.broker().fill(("in", 0), 0, 6, &[]);
+    core.rejoin(("in", 0), 0);
+    for _ in 0..4 {
+        core.turn(); // committed at 2, then 4
+    }
+    core.revoke(("in", 0));
+    core.broker().committed.insert(tp(0), 2);
+    core.rejoin(("in", 0), 0);
+    assert_eq!(core.group.fetch_at(("in", 0)), Some(2));
+    core.broker().fail_commits = 1;
+    core.turn();
+    core.turn();
+    assert_eq!(core.group.seeks.borrow().last(), Some(&vec![(tp(0), 2)]));
+    let went_back = sample(&core, "exactly_committed_offsets_went_back_total");
+    assert_eq!(went_back.as_deref(), Some("0"));
+}
+
 #[test]
 fn a_record_read_while_a_rewind_is_owed_comes_again() {
     let mut core = Core::direct(every(100));

@@ -132,14 +132,15 @@ impl Instance {
                     self.group.released(&ps);
                 }
                 Heard::Assign(ps) => {
-                    let starts = self.session.claim(&self.group, &ps);
-                    assert_eq!(
-                        starts,
-                        Some(Starts::Group),
-                        "a Kafka sink starts at the group's"
-                    );
+                    // A Kafka sink starts at the group's offsets: read by librdkafka, or
+                    // by the driver to hold them to what this process committed.
+                    let at = match self.session.claim(&self.group, &ps) {
+                        Some(Starts::Group) => Vec::new(),
+                        Some(Starts::At(at)) => at,
+                        None => panic!("a Kafka sink's claim cannot fail"),
+                    };
                     self.session.assigned(ps.clone());
-                    self.group.assign(&ps);
+                    self.group.assign(&ps, &at);
                 }
             }
         }
@@ -319,6 +320,7 @@ impl Sink for SimSink {
             refuser: &crate::sink::kafka::BROKER,
             aborted: crate::events::Ended::Aborted,
             max_record_bytes: 1 << 20,
+            offsets: crate::sink::OffsetHome::Group,
         }
     }
 }
@@ -456,9 +458,12 @@ impl SimGroup {
         self.shared.model().released(&id, ps);
     }
 
-    fn assign(&self, ps: &[Tp]) {
+    /// `ps` are assigned, each read from where `at` says, else from its committed offset
+    /// once that is stable.
+    fn assign(&self, ps: &[Tp], at: &[(Tp, Option<i64>)]) {
         for tp in ps {
-            self.fetch.borrow_mut().insert(tp.clone(), None);
+            let start = at.iter().find(|(t, _)| t == tp).and_then(|a| a.1);
+            self.fetch.borrow_mut().insert(tp.clone(), start);
             self.assigned.borrow_mut().push(tp.clone());
         }
     }

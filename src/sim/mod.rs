@@ -390,6 +390,14 @@ pub fn run(seed: u64) -> BTreeMap<&'static str, u64> {
         step(&shared, None);
     }
     heal(&shared);
+    // Committed offsets never go back in the model: an answer held to what an instance
+    // committed would be a hold that moved a start.
+    if shared.metrics.committed_offsets_went_back.get() > 0 {
+        fail(
+            &shared,
+            "a committed offset was answered below what an instance committed",
+        );
+    }
     // The instances hold the shared state: drop them to free it.
     for slot in &shared.slots {
         lock(slot).take();

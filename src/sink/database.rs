@@ -693,6 +693,7 @@ impl Sink for Database {
             refuser: &DATABASE,
             aborted: crate::events::Ended::Aborted,
             max_record_bytes: usize::MAX,
+            offsets: crate::sink::OffsetHome::WithOutputs,
         }
     }
 }

@@ -20,7 +20,7 @@ use super::rejected::{Rejections, Source, Verdict};
 use super::routes::Routes;
 use super::{
     Began, Bounds, Consumed, Content, Failed, Feedback, Group, Outcome, Record, SendError, Settled,
-    Sink, Starts, Unapplied, Unit, Wait,
+    Sink, Starts, Unapplied, Unit, Unreadable, Wait,
 };
 use crate::backoff::Backoff;
 use crate::error::Error;
@@ -30,6 +30,10 @@ use crate::metrics::Metrics;
 use crate::records::Outgoing;
 use crate::transform::Reason;
 use routed::Denial;
+
+/// How long a claim waits for the group's committed offsets to hold them to what this
+/// process committed ([`Driver::hold`]): unanswered, librdkafka starts the partitions.
+const CHECK_STARTS: Duration = Duration::from_secs(5);
 
 /// Where the unit of work stands.
 enum State {
@@ -504,10 +508,15 @@ impl Driver {
         loop {
             // Retrying on purpose is no stuck loop.
             self.bounds.health.beat();
-            let why = match self.sink.claim(partitions, group, &self.bounds) {
+            let claimed = match self.sink.claim(partitions, group, &self.bounds) {
+                Ok(starts) => self.held(group, partitions, starts),
+                Err(Failed::Exit(e)) => Err(Unreadable::Exit(e)),
+                Err(other) => Err(Unreadable::Retry(format!("{other:?}"))),
+            };
+            let why = match claimed {
                 Ok(starts) => return Ok(starts),
-                Err(Failed::Exit(e)) => return Err(e),
-                Err(other) => format!("{other:?}"),
+                Err(Unreadable::Exit(e)) => return Err(e),
+                Err(Unreadable::Retry(why)) => why,
             };
             attempts += 1;
             let pause = Backoff::READ_COMMITTED.after(attempts);
@@ -525,6 +534,44 @@ impl Driver {
                 "claiming the assigned partitions failed; retrying"
             );
             crate::clock::pause(pause);
+        }
+    }
+
+    /// Where the claimed `partitions` start: as `starts` says, none below what this process
+    /// committed there where the offsets are the group's. A partition this process committed
+    /// in is read explicitly from the group's answer, held ([`Driver::hold`]): a broker
+    /// that lost the group's offsets answers none, and librdkafka would start it at
+    /// `auto.offset.reset`.
+    fn held(
+        &self,
+        group: &dyn Group,
+        partitions: &[Tp],
+        starts: Starts,
+    ) -> Result<Starts, Unreadable> {
+        if !partitions.iter().any(|tp| self.ledger.ever_committed(tp)) {
+            return Ok(starts);
+        }
+        match starts {
+            Starts::Group => match self.committed(group, partitions, CHECK_STARTS) {
+                Ok(mut at) => {
+                    self.hold(&mut at);
+                    Ok(Starts::At(at))
+                }
+                // Offsets a transaction has not ended on yet (librdkafka waits for them) are
+                // no group that forgot them: librdkafka's own fetch starts the partitions.
+                Err(Unreadable::Retry(why)) => {
+                    warn!(
+                        error = why,
+                        "where the claimed partitions start is unchecked"
+                    );
+                    Ok(Starts::Group)
+                }
+                Err(exit) => Err(exit),
+            },
+            Starts::At(mut at) => {
+                self.hold(&mut at);
+                Ok(Starts::At(at))
+            }
         }
     }
 

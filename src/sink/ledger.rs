@@ -8,7 +8,15 @@
 //! [`Positions`], which the lag's own thread reads while the loop may be stuck: it is a view of
 //! this ledger, written by nothing else.
 //!
-//! A sink that keeps the offsets itself knows a third fact, which is the destination's, not
+//! One fact per partition outlives the assignment: the highest offset this process committed
+//! there, kept for as long as it runs. Committed offsets never go back while a process of the
+//! group runs (an operator's reset needs the group empty), so an answer below it is a broker
+//! that lost the group's offsets (RELIABILITY.md: one that restarted uncleanly served a group
+//! empty, and librdkafka started at `auto.offset.reset`). Where the offsets are the group's,
+//! the driver holds every start and rewind to it ([`Ledger::hold`]). Where they are kept with
+//! the outputs (a database), they are not held: a table that went back took its rows with it.
+//!
+//! A sink that keeps the offsets itself knows another fact, which is the destination's, not
 //! this instance's: what its table holds (the database sink's claims, the value its
 //! compare-and-set expects). After a commit whose answer was lost the table may be ahead of
 //! the last commit this instance knows of, until the rewind reads it back and the driver
@@ -47,6 +55,20 @@ pub struct Ledger {
     last: Option<(String, i32)>,
     /// Where the lag's floors are published, if anywhere.
     floors: Option<Arc<Positions>>,
+    /// The highest offset this process committed in each partition, owned or not: never
+    /// forgotten.
+    highest: HashMap<Tp, i64>,
+}
+
+/// A partition whose committed offset was answered below what this process committed there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WentBack {
+    /// The partition.
+    pub tp: Tp,
+    /// What was answered (`None`: nothing committed).
+    pub answered: Option<i64>,
+    /// What this process committed there: the answer now.
+    pub committed: i64,
 }
 
 impl Ledger {
@@ -100,8 +122,38 @@ impl Ledger {
             };
             entry.committed = Some(*next);
             floors.push(((topic.clone(), *partition), entry.floor()));
+            let highest = self
+                .highest
+                .entry((topic.clone(), *partition))
+                .or_insert(*next);
+            *highest = (*highest).max(*next);
         }
         self.publish(floors);
+    }
+
+    /// Raises each partition of `answer` (what the group says is committed) that is below what
+    /// this process committed there to that, and says which went back.
+    pub fn hold(&self, answer: &mut [(Tp, Option<i64>)]) -> Vec<WentBack> {
+        let mut went_back = Vec::new();
+        for (tp, answered) in answer.iter_mut() {
+            let Some(&committed) = self.highest.get(tp) else {
+                continue;
+            };
+            if answered.is_none_or(|a| a < committed) {
+                went_back.push(WentBack {
+                    tp: tp.clone(),
+                    answered: *answered,
+                    committed,
+                });
+                *answered = Some(committed);
+            }
+        }
+        went_back
+    }
+
+    /// Whether this process committed anything in `tp`, owned now or not.
+    pub fn ever_committed(&self, tp: &Tp) -> bool {
+        self.highest.contains_key(tp)
     }
 
     /// The first offset read of `tp` since it was assigned, if anything was.
@@ -115,7 +167,8 @@ impl Ledger {
     }
 
     /// `partitions` are no longer owned: a later assignment starts afresh (what this instance
-    /// committed for them may be outdated by the time they come back).
+    /// committed for them may be outdated by the time they come back; it stays the least
+    /// [`Ledger::hold`] believes).
     pub fn forget(&mut self, partitions: &[Tp]) {
         for (topic, partition) in partitions {
             if let Slot::Occupied(mut ps) = self.entries.entry(topic.clone()) {
@@ -129,7 +182,7 @@ impl Ledger {
         self.publish(partitions.iter().map(|tp| (tp.clone(), None)));
     }
 
-    /// A new consumer: nothing is owned yet.
+    /// A new consumer: nothing is owned yet (what this process committed is kept).
     pub fn clear(&mut self) {
         let all: Vec<Tp> = (self.entries.iter())
             .flat_map(|(t, ps)| ps.keys().map(|p| (t.clone(), *p)))
@@ -217,5 +270,42 @@ mod tests {
         l.clear();
         assert_eq!(l.last_committed(&tp("a", 1)), None);
         assert_eq!(positions.floor(&tp("a", 1)), None);
+    }
+
+    #[test]
+    fn what_this_process_committed_outlives_a_revoke_and_holds_lower_answers() {
+        let mut l = Ledger::default();
+        l.committed(&[(tp("a", 0), 8), (tp("a", 1), 3)]);
+        l.committed(&[(tp("a", 0), 12)]);
+        l.forget(&[tp("a", 0)]);
+        l.clear();
+        assert!(l.ever_committed(&tp("a", 0)));
+        let mut answer = vec![
+            (tp("a", 0), None),    // the group forgot it
+            (tp("a", 1), Some(5)), // another member committed past it
+            (tp("a", 2), None),    // never committed here: believed
+            (tp("b", 0), Some(1)),
+        ];
+        let went_back = l.hold(&mut answer);
+        assert_eq!(
+            went_back,
+            vec![WentBack {
+                tp: tp("a", 0),
+                answered: None,
+                committed: 12
+            }]
+        );
+        assert_eq!(
+            answer,
+            vec![
+                (tp("a", 0), Some(12)),
+                (tp("a", 1), Some(5)),
+                (tp("a", 2), None),
+                (tp("b", 0), Some(1)),
+            ]
+        );
+        let mut lower = vec![(tp("a", 1), Some(2))];
+        assert_eq!(l.hold(&mut lower).len(), 1);
+        assert_eq!(lower, vec![(tp("a", 1), Some(3))]);
     }
 }

@@ -222,6 +222,20 @@ pub struct Destination {
     /// message.max.bytes): a larger output is its record's fault, and a larger dead-letter
     /// copy is cut down. `usize::MAX`: no limit of its own (a database row).
     pub max_record_bytes: usize,
+    /// Where its committed offsets live.
+    pub offsets: OffsetHome,
+}
+
+/// Where a destination's committed offsets live, which says whether an answer below what this
+/// process committed is believed (`sink::ledger`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OffsetHome {
+    /// In the consumer group (the Kafka sinks): a broker can lose them apart from the outputs
+    /// (RELIABILITY.md), so no start or rewind goes below what this process committed.
+    Group,
+    /// With the outputs, in one transaction (a database): they go back only with the outputs,
+    /// and what they answer is where to start.
+    WithOutputs,
 }
 
 /// How long [`Sink::hear`] waits before it reports.

@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use super::{Driver, State};
 use crate::error::Error;
+use crate::events;
 use crate::kafka::Tp;
-use crate::sink::{Committed, Group, Outcome, Unapplied, Unreadable};
+use crate::sink::{Committed, Group, OffsetHome, Outcome, Unapplied, Unreadable};
 
 impl Driver {
     /// Whether a rewind is owed.
@@ -41,6 +42,22 @@ impl Driver {
         timeout: Duration,
     ) -> Result<Committed, Unreadable> {
         self.sink.committed(group, partitions, timeout)
+    }
+
+    /// Holds each start or rewind target of `answer` to what this process committed there,
+    /// where the offsets are the group's (`sink::ledger`): each raised is logged and counted.
+    pub fn hold(&self, answer: &mut Committed) {
+        if self.sink.destination().offsets == OffsetHome::Group {
+            for w in self.ledger.hold(answer) {
+                let event = events::OffsetWentBack {
+                    topic: &w.tp.0,
+                    partition: w.tp.1,
+                    answered: w.answered,
+                    committed: w.committed,
+                };
+                event.emit(&self.metrics);
+            }
+        }
     }
 
     /// How many verdicts are kept on `tp`'s records (testing only).

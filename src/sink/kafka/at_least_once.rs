@@ -113,6 +113,7 @@ impl Sink for AtLeastOnce {
             refuser: &super::BROKER,
             aborted: Ended::Dropped,
             max_record_bytes: self.connection.max_record_bytes(),
+            offsets: crate::sink::OffsetHome::Group,
         }
     }
 }

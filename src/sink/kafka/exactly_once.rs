@@ -135,6 +135,7 @@ impl Sink for ExactlyOnce {
             refuser: &super::BROKER,
             aborted: crate::events::Ended::Aborted,
             max_record_bytes: self.connection.max_record_bytes(),
+            offsets: crate::sink::OffsetHome::Group,
         }
     }
 }
