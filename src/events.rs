@@ -268,14 +268,16 @@ impl PartitionsFenced<'_> {
     }
 }
 
-/// The group answered a committed offset below what this process committed there.
+/// A start or a rewind target below what this process committed in its partition, raised to
+/// that: the group answered less.
 pub struct OffsetWentBack<'a> {
     /// The partition's topic.
     pub topic: &'a str,
     /// The partition.
     pub partition: i32,
-    /// What the group answered (`None`: nothing committed).
-    pub answered: Option<i64>,
+    /// Where it would have started or gone back to (`None`: the group answered nothing, so
+    /// `auto.offset.reset`).
+    pub was: Option<i64>,
     /// What this process committed there, where it starts instead.
     pub committed: i64,
 }
@@ -286,11 +288,12 @@ impl OffsetWentBack<'_> {
         error!(
             topic = self.topic,
             partition = self.partition,
-            answered = ?self.answered,
+            was = ?self.was,
             committed = self.committed,
-            "the group answered a committed offset below what this process committed there: \
-             the broker lost the group's offsets (RELIABILITY.md); starting at what this \
-             process committed instead of repeating what it has"
+            "the group answered a committed offset below what this process committed there \
+             (a broker that lost the group's offsets, RELIABILITY.md; or offsets reset while \
+             this process was out of the group): starting at what this process committed \
+             instead of repeating what it has"
         );
         m.committed_offsets_went_back.inc();
     }

@@ -51,8 +51,8 @@ pub struct Metrics {
     pub assigned_partitions: IntGauge,
     /// Producer re-creations, by reason.
     pub producer_recreations: IntCounterVec,
-    /// Partitions whose group answered a committed offset below what this process had
-    /// committed there (a broker that lost the group's offsets): started or rewound at its own.
+    /// Starts and rewinds raised to what this process had committed in their partition: the
+    /// group answered less (a broker that lost the group's offsets).
     pub committed_offsets_went_back: IntCounter,
     /// 1 when initialised and consuming.
     pub ready: IntGauge,
@@ -276,9 +276,8 @@ impl Metrics {
             ),
             committed_offsets_went_back: plain_counter(
                 "committed_offsets_went_back_total",
-                "Partitions whose group answered a committed offset below what this process had \
-                 committed there (a broker that lost the group's offsets); each started or \
-                 rewound at what this process committed instead.",
+                "Starts and rewinds of a partition raised to what this process had committed \
+                 there: the group answered less (a broker that lost the group's offsets).",
             ),
             ready: gauge("ready", "1 when initialised and consuming."),
             kafka_call_waiting: float_gauge(

@@ -86,6 +86,8 @@ pub struct Broker {
     /// The offsets are kept with the outputs (a database's table): a claim answers them, and
     /// what they answer is believed.
     pub with_outputs: bool,
+    /// Reading the group's committed offsets fails: a transaction has not ended on them.
+    pub unstable: bool,
     /// Topics that do not exist: a send there is refused at once.
     pub missing: Vec<String>,
     /// Topics the principal may not write: a send there is taken, the unit's commit fails
@@ -343,8 +345,8 @@ impl Sink for FakeSink {
         Ok(Starts::At(partitions.iter().map(at).collect()))
     }
 
-    fn exists(&self, _: &str, _: Duration) -> Result<bool, String> {
-        Ok(true)
+    fn exists(&self, name: &str, _: Duration) -> Result<bool, String> {
+        Ok(!lock(&self.0).missing.iter().any(|m| m == name))
     }
 
     fn destination(&self) -> crate::sink::Destination {
@@ -488,6 +490,9 @@ impl Group for FakeGroup {
         _: Duration,
     ) -> Result<Vec<(Tp, Option<i64>)>, ClientError> {
         let b = lock(&self.broker);
+        if b.unstable {
+            return Err(ClientError::of(Code::UnstableOffsetCommit));
+        }
         let committed = |tp: &Tp| b.committed.get(tp).copied().filter(|_| !b.hide_committed);
         Ok(partitions
             .iter()
@@ -753,21 +758,21 @@ impl Core {
         self.session.assigned(vec![(tp.0.to_string(), tp.1)]);
     }
 
-    /// `tp` is assigned as the consumer's rebalance callback assigns it: claimed first, then
-    /// read from where the claim says (where it says nothing: the committed offset, else
-    /// `reset`).
-    pub fn rejoin(&mut self, tp: (&str, i32), reset: i64) {
-        let owned = (tp.0.to_string(), tp.1);
-        let starts = (self
-            .session
-            .claim(&self.group, std::slice::from_ref(&owned)))
-        .expect("the claim failed");
-        let start = match starts {
-            Starts::Group => None,
-            Starts::At(at) => at.into_iter().find(|(t, _)| *t == owned).and_then(|a| a.1),
+    /// `tps` are assigned as the consumer's rebalance callback assigns them: claimed first,
+    /// then each read from where the claim says (where it says nothing: the committed offset,
+    /// else `reset`).
+    pub fn rejoin(&mut self, tps: &[(&str, i32)], reset: i64) {
+        let owned: Vec<Tp> = tps.iter().map(|(t, p)| (t.to_string(), *p)).collect();
+        let starts = (self.session.claim(&self.group, &owned)).expect("the claim failed");
+        let at = match starts {
+            Starts::Group => Vec::new(),
+            Starts::At(at) => at,
         };
-        self.group.assign_at(tp, start, reset);
-        self.session.assigned(vec![owned]);
+        for (tp, t) in tps.iter().zip(&owned) {
+            let start = at.iter().find(|(a, _)| a == t).and_then(|a| a.1);
+            self.group.assign_at(*tp, start, reset);
+        }
+        self.session.assigned(owned);
     }
 
     /// `tp` is revoked (the rebalance callback).

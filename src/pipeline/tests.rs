@@ -166,7 +166,7 @@ fn a_group_that_lost_its_offsets_does_not_start_a_partition_this_process_committ
     }
     core.revoke(("in", 0));
     core.broker().committed.clear();
-    core.rejoin(("in", 0), 0);
+    core.rejoin(&[("in", 0)], 0);
     core.run(20);
     let all: Vec<(i32, i64)> = (0..6).map(|o| (0, o)).collect();
     assert_eq!(core.broker().lineages("out"), lineages(&all));
@@ -180,7 +180,7 @@ fn a_partition_this_process_never_committed_in_starts_where_the_group_says() {
     let mut core = Core::direct(every(2));
     core.broker().fill(("in", 0), 0, 7, &[]);
     core.broker().committed.insert(tp(0), 3);
-    core.rejoin(("in", 0), 0);
+    core.rejoin(&[("in", 0)], 0);
     core.run(20);
     let rest: Vec<(i32, i64)> = (3..7).map(|o| (0, o)).collect();
     assert_eq!(core.broker().lineages("out"), lineages(&rest));
@@ -205,6 +205,69 @@ fn a_rewind_never_goes_below_what_this_process_committed_in_the_group() {
     core.run(20);
     let all: Vec<(i32, i64)> = (0..6).map(|o| (0, o)).collect();
     assert_eq!(core.broker().lineages("out"), lineages(&all));
+    let went_back = sample(&core, "exactly_committed_offsets_went_back_total");
+    assert_eq!(went_back.as_deref(), Some("1"));
+}
+
+/// Of the partitions a claim takes, only those the hold raised start explicitly; the others
+/// start where librdkafka's own fetch says (the committed offset's leader epoch with it).
+#[test]
+fn a_claim_raises_only_the_partitions_this_process_committed_further_in() {
+    let mut core = Core::direct(every(2));
+    core.broker().fill(("in", 0), 0, 6, &[]);
+    core.broker().fill(("in", 1), 0, 6, &[]);
+    core.assign(("in", 0), 0);
+    for _ in 0..4 {
+        core.turn(); // in/0 committed at 2, then 4
+    }
+    core.revoke(("in", 0));
+    core.broker().committed.clear();
+    core.broker().committed.insert(tp(1), 3); // another member's
+    let owned = vec![tp(0), tp(1)];
+    let starts = core.session.claim(&core.group, &owned);
+    let explicit = vec![(tp(0), Some(4)), (tp(1), None)];
+    assert_eq!(starts, Some(crate::sink::Starts::At(explicit)));
+    // Nothing below what it committed: librdkafka reads the group's offsets itself.
+    core.broker().committed.insert(tp(0), 4);
+    let starts = core.session.claim(&core.group, &owned);
+    assert_eq!(starts, Some(crate::sink::Starts::Group));
+}
+
+/// A read of the group's offsets that fails (a transaction still open on them) leaves the
+/// start to librdkafka, which waits for them.
+#[test]
+fn a_claim_whose_offsets_cannot_be_read_starts_where_librdkafka_says() {
+    let mut core = Core::direct(every(2));
+    core.broker().fill(("in", 0), 0, 6, &[]);
+    core.assign(("in", 0), 0);
+    for _ in 0..4 {
+        core.turn();
+    }
+    core.revoke(("in", 0));
+    core.broker().unstable = true;
+    let starts = core.session.claim(&core.group, &[tp(0)]);
+    assert_eq!(starts, Some(crate::sink::Starts::Group));
+}
+
+/// A topic deleted and created again under its name starts at 0: what this process committed
+/// in the old one holds nothing.
+#[test]
+fn a_deleted_topic_takes_what_this_process_committed_there_with_it() {
+    let mut core = Core::direct(every(2));
+    core.broker().fill(("in", 0), 0, 6, &[]);
+    core.assign(("in", 0), 0);
+    for _ in 0..4 {
+        core.turn(); // committed at 2, then 4
+    }
+    core.broker().missing = vec!["in".into()];
+    core.revoke(("in", 0));
+    core.broker().missing.clear();
+    core.broker().committed.clear();
+    core.broker().fill(("in", 0), 0, 8, &[]);
+    core.rejoin(&[("in", 0)], 0);
+    assert_eq!(core.group.fetch_at(("in", 0)), Some(0));
+    let went_back = sample(&core, "exactly_committed_offsets_went_back_total");
+    assert_eq!(went_back.as_deref(), Some("0"));
 }
 
 /// A database restored from a backup took its rows back with its offsets: reading again from
@@ -214,13 +277,13 @@ fn offsets_kept_with_the_outputs_are_believed_when_they_go_back() {
     let mut core = Core::direct(every(2));
     core.broker().with_outputs = true;
     core.broker().fill(("in", 0), 0, 6, &[]);
-    core.rejoin(("in", 0), 0);
+    core.rejoin(&[("in", 0)], 0);
     for _ in 0..4 {
         core.turn(); // committed at 2, then 4
     }
     core.revoke(("in", 0));
     core.broker().committed.insert(tp(0), 2);
-    core.rejoin(("in", 0), 0);
+    core.rejoin(&[("in", 0)], 0);
     assert_eq!(core.group.fetch_at(("in", 0)), Some(2));
     core.broker().fail_commits = 1;
     core.turn();

@@ -46,7 +46,8 @@ impl Instance {
     /// Instance `i` starts: its producer is initialised (fencing its previous incarnation's),
     /// its consumer joins the group.
     pub fn start(shared: &Arc<Shared>, i: usize, commit: CommitPolicy, mode: Mode) -> Instance {
-        // One registry for every instance of a schedule: nothing reads it back.
+        // One registry for every instance of a schedule: the run reads back only that no
+        // start was held (`committed_offsets_went_back_total`).
         let (health, metrics) = (Arc::new(Health::default()), shared.metrics.clone());
         let shutdown = CancellationToken::new();
         let bounds = Bounds::new(health.clone(), Duration::from_millis(20));
@@ -137,7 +138,8 @@ impl Instance {
                     let at = match self.session.claim(&self.group, &ps) {
                         Some(Starts::Group) => Vec::new(),
                         Some(Starts::At(at)) => at,
-                        None => panic!("a Kafka sink's claim cannot fail"),
+                        // The model's group errs only retriably: the claim falls back.
+                        None => panic!("a Kafka sink's claim failed"),
                     };
                     self.session.assigned(ps.clone());
                     self.group.assign(&ps, &at);

@@ -537,42 +537,48 @@ impl Driver {
         }
     }
 
-    /// Where the claimed `partitions` start: as `starts` says, none below what this process
-    /// committed there where the offsets are the group's. A partition this process committed
-    /// in is read explicitly from the group's answer, held ([`Driver::hold`]): a broker
-    /// that lost the group's offsets answers none, and librdkafka would start it at
-    /// `auto.offset.reset`.
+    /// Where the claimed `partitions` start: as `starts` says, and where that is the group's
+    /// offsets, none below what this process committed there. The group's answer is read and
+    /// held ([`Driver::hold`]); a partition it raised starts there explicitly, the others
+    /// where librdkafka's own fetch says (with the offset's leader epoch). A group that lost
+    /// its offsets answers none, and librdkafka would start at `auto.offset.reset`.
     fn held(
         &self,
         group: &dyn Group,
         partitions: &[Tp],
         starts: Starts,
     ) -> Result<Starts, Unreadable> {
-        if !partitions.iter().any(|tp| self.ledger.ever_committed(tp)) {
+        if starts != Starts::Group || !partitions.iter().any(|tp| self.ledger.ever_committed(tp)) {
             return Ok(starts);
         }
-        match starts {
-            Starts::Group => match self.committed(group, partitions, CHECK_STARTS) {
-                Ok(mut at) => {
-                    self.hold(&mut at);
-                    Ok(Starts::At(at))
-                }
-                // Offsets a transaction has not ended on yet (librdkafka waits for them) are
-                // no group that forgot them: librdkafka's own fetch starts the partitions.
-                Err(Unreadable::Retry(why)) => {
-                    warn!(
-                        error = why,
-                        "where the claimed partitions start is unchecked"
-                    );
-                    Ok(Starts::Group)
-                }
-                Err(exit) => Err(exit),
-            },
-            Starts::At(mut at) => {
-                self.hold(&mut at);
-                Ok(Starts::At(at))
+        let answer = {
+            let _call = self.bounds.health.in_call("committed offsets");
+            self.committed(group, partitions, CHECK_STARTS)
+        };
+        let mut answer = match answer {
+            Ok(answer) => answer,
+            // Offsets a transaction has not ended on yet (librdkafka waits for them), or a
+            // coordinator that does not answer: librdkafka's own fetch starts the partitions.
+            Err(Unreadable::Retry(why)) => {
+                warn!(
+                    error = why,
+                    "where the claimed partitions start is unchecked"
+                );
+                return Ok(Starts::Group);
             }
+            Err(exit) => return Err(exit),
+        };
+        let raised = self.hold(&mut answer);
+        if raised.is_empty() {
+            return Ok(Starts::Group);
         }
+        let at = (answer.into_iter())
+            .map(|(tp, at)| {
+                let keep = raised.contains(&tp);
+                (tp, at.filter(|_| keep))
+            })
+            .collect();
+        Ok(Starts::At(at))
     }
 
     /// Abort from a rebalance callback: errors are kept for the loop.

@@ -8,11 +8,12 @@
 //! [`Positions`], which the lag's own thread reads while the loop may be stuck: it is a view of
 //! this ledger, written by nothing else.
 //!
-//! One fact per partition outlives the assignment: the highest offset this process committed
-//! there, kept for as long as it runs. Committed offsets never go back while a process of the
-//! group runs (an operator's reset needs the group empty), so an answer below it is a broker
-//! that lost the group's offsets (RELIABILITY.md: one that restarted uncleanly served a group
-//! empty, and librdkafka started at `auto.offset.reset`). Where the offsets are the group's,
+//! One fact per partition outlives the assignment: what this process last committed there,
+//! kept for as long as it runs, unless the topic is deleted. The group's offsets do not go back
+//! while this process is a member (an operator's reset needs the group empty), so an answer
+//! below it is a broker that lost the group's offsets (RELIABILITY.md: one that restarted
+//! uncleanly served a group empty, and librdkafka started at `auto.offset.reset`), or a reset
+//! made while this process was out of the group (its session expired). Where the offsets are the group's,
 //! the driver holds every start and rewind to it ([`Ledger::hold`]). Where they are kept with
 //! the outputs (a database), they are not held: a table that went back took its rows with it.
 //!
@@ -55,8 +56,8 @@ pub struct Ledger {
     last: Option<(String, i32)>,
     /// Where the lag's floors are published, if anywhere.
     floors: Option<Arc<Positions>>,
-    /// The highest offset this process committed in each partition, owned or not: never
-    /// forgotten.
+    /// What this process last committed in each partition, owned or not: forgotten only with
+    /// its topic.
     highest: HashMap<Tp, i64>,
 }
 
@@ -122,11 +123,10 @@ impl Ledger {
             };
             entry.committed = Some(*next);
             floors.push(((topic.clone(), *partition), entry.floor()));
-            let highest = self
-                .highest
-                .entry((topic.clone(), *partition))
-                .or_insert(*next);
-            *highest = (*highest).max(*next);
+            // The latest, not the most: this process commits upwards, unless the topic was
+            // deleted and created again under it (a mark that stayed would hold every rewind
+            // past the new log's end).
+            self.highest.insert((topic.clone(), *partition), *next);
         }
         self.publish(floors);
     }
@@ -149,6 +149,12 @@ impl Ledger {
             }
         }
         went_back
+    }
+
+    /// `topic` was deleted: what this process committed there is no longer the least its
+    /// partitions hold (a topic created again under its name starts at 0).
+    pub fn deleted(&mut self, topic: &str) {
+        self.highest.retain(|(t, _), _| t != topic);
     }
 
     /// Whether this process committed anything in `tp`, owned now or not.

@@ -1,5 +1,6 @@
 //! What the rewind asks of the driver, and what a rewind or a new consumer tells it.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use super::{Driver, State};
@@ -7,6 +8,9 @@ use crate::error::Error;
 use crate::events;
 use crate::kafka::Tp;
 use crate::sink::{Committed, Group, OffsetHome, Outcome, Unapplied, Unreadable};
+
+/// How long a revoke waits to learn whether its topics still exist.
+const EXISTS: Duration = Duration::from_secs(2);
 
 impl Driver {
     /// Whether a rewind is owed.
@@ -45,19 +49,23 @@ impl Driver {
     }
 
     /// Holds each start or rewind target of `answer` to what this process committed there,
-    /// where the offsets are the group's (`sink::ledger`): each raised is logged and counted.
-    pub fn hold(&self, answer: &mut Committed) {
-        if self.sink.destination().offsets == OffsetHome::Group {
-            for w in self.ledger.hold(answer) {
-                let event = events::OffsetWentBack {
-                    topic: &w.tp.0,
-                    partition: w.tp.1,
-                    answered: w.answered,
-                    committed: w.committed,
-                };
-                event.emit(&self.metrics);
-            }
+    /// where the offsets are the group's (`sink::ledger`): each raised is logged and counted,
+    /// and returned.
+    pub fn hold(&self, answer: &mut Committed) -> Vec<Tp> {
+        if self.sink.destination().offsets != OffsetHome::Group {
+            return Vec::new();
         }
+        let raised = self.ledger.hold(answer);
+        for w in &raised {
+            let event = events::OffsetWentBack {
+                topic: &w.tp.0,
+                partition: w.tp.1,
+                was: w.answered,
+                committed: w.committed,
+            };
+            event.emit(&self.metrics);
+        }
+        raised.into_iter().map(|w| w.tp).collect()
     }
 
     /// How many verdicts are kept on `tp`'s records (testing only).
@@ -68,10 +76,20 @@ impl Driver {
 
     /// `partitions` were revoked: what was read and committed of them is the group's
     /// business now, and so is judging their refused records.
+    /// A topic that no longer exists takes what this process committed there with it.
     pub fn forget(&mut self, partitions: &[Tp]) {
         self.ledger.forget(partitions);
         self.rejections.revoked(partitions);
         self.sink.revoked(partitions);
+        if self.sink.destination().offsets != OffsetHome::Group {
+            return;
+        }
+        let topics: BTreeSet<&str> = partitions.iter().map(|(t, _)| t.as_str()).collect();
+        for topic in topics {
+            if self.sink.exists(topic, EXISTS) == Ok(false) {
+                self.ledger.deleted(topic);
+            }
+        }
     }
 
     /// The consumer is replaced: the new one starts from the committed offsets, owning
