@@ -292,8 +292,8 @@ impl OffsetWentBack<'_> {
             committed = self.committed,
             "the group answered a committed offset below what this process committed there \
              (a broker that lost the group's offsets, RELIABILITY.md; or offsets reset while \
-             this process was out of the group): starting at what this process committed \
-             instead of repeating what it has"
+             this process was out of the group): starting or going back to what this process \
+             committed instead of writing again what it wrote"
         );
         m.committed_offsets_went_back.inc();
     }

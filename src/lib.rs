@@ -39,7 +39,10 @@
 //!   each partition claimed when assigned), the [`sink::Driver`] that turns a sink's failures
 //!   into aborts and new clients and says when a rewind is owed, [`sink::ledger`] (each owned
 //!   partition's offsets in one home: the first read since it was assigned and what the last
-//!   commit sent, forgotten in one call on a revoke; the lag's floors are published from it),
+//!   commit sent, forgotten in one call on a revoke; the lag's floors are published from it;
+//!   and what this process last committed in every partition it owned, kept beyond a revoke:
+//!   where the offsets are the group's and its answer could be read, no start or rewind goes
+//!   below it),
 //!   [`sink::offsets`] (what a commit sends: past transaction markers, never past a record not
 //!   yet applied), [`sink::rejected`] (what the replay of a record the broker refused sends
 //!   instead), [`sink::routes`] (when a topic routed by the record that keeps refusing it

@@ -52,7 +52,8 @@ pub struct Metrics {
     /// Producer re-creations, by reason.
     pub producer_recreations: IntCounterVec,
     /// Starts and rewinds raised to what this process had committed in their partition: the
-    /// group answered less (a broker that lost the group's offsets).
+    /// group answered less (a broker that lost the group's offsets, or a reset made while this
+    /// process was out of the group).
     pub committed_offsets_went_back: IntCounter,
     /// 1 when initialised and consuming.
     pub ready: IntGauge,
@@ -277,7 +278,8 @@ impl Metrics {
             committed_offsets_went_back: plain_counter(
                 "committed_offsets_went_back_total",
                 "Starts and rewinds of a partition raised to what this process had committed \
-                 there: the group answered less (a broker that lost the group's offsets).",
+                 there: the group answered less (a broker that lost the group's offsets, or a \
+                 reset made while this process was out of the group).",
             ),
             ready: gauge("ready", "1 when initialised and consuming."),
             kafka_call_waiting: float_gauge(

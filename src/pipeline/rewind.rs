@@ -6,8 +6,8 @@
 //! way out): the sink's ledger (`sink::ledger`) notes the first offset read of each partition,
 //! once, as it is polled, and the rewind seeks each such partition to its committed offset, as
 //! the sink reads it back, or, where it has none, to what this instance last committed for it,
-//! or, where nothing was, to that first offset; never below what this process committed there
-//! (the driver holds it, `sink::ledger`). A commit never passes a record read but not
+//! or, where nothing was, to that first offset; where the offsets are the group's, never below
+//! what this process committed there (the driver holds it, `sink::ledger`). A commit never passes a record read but not
 //! applied (`sink::offsets`), so each target is at or before every record that must come
 //! again. A partition nothing was read from since it was assigned has not moved, and is left
 //! alone (a seek of a partition still waiting for its first fetch fails in librdkafka).

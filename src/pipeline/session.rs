@@ -221,8 +221,8 @@ impl Session {
     }
 
     /// Everything kept of `partitions`, which are no longer this instance's, goes: what was
-    /// read and staged, holds, rewind targets, what was committed, verdicts, the sink's
-    /// claims, lag floors; the transform's state is told (`Revoked`: at its next turn, after
+    /// read and staged, holds, rewind targets, what this assignment committed, verdicts, the
+    /// sink's claims, lag floors (what this process last committed stays: `sink::ledger`); the transform's state is told (`Revoked`: at its next turn, after
     /// how its units ended; `Replaced`: now, with every partition).
     fn forget(&mut self, group: &dyn Group, partitions: Vec<Tp>, gone: Gone) {
         match gone {

@@ -1,4 +1,5 @@
-//! Each owned partition's offsets, in one home.
+//! Each owned partition's offsets, in one home; and what this process last committed in every
+//! partition it owned.
 //!
 //! Two facts per partition, both since it was assigned: the first offset read (the rewind's
 //! last resort, and where its lag starts), and what this instance's last commit that held it
@@ -9,13 +10,13 @@
 //! this ledger, written by nothing else.
 //!
 //! One fact per partition outlives the assignment: what this process last committed there,
-//! kept for as long as it runs, unless the topic is deleted. The group's offsets do not go back
-//! while this process is a member (an operator's reset needs the group empty), so an answer
-//! below it is a broker that lost the group's offsets (RELIABILITY.md: one that restarted
-//! uncleanly served a group empty, and librdkafka started at `auto.offset.reset`), or a reset
-//! made while this process was out of the group (its session expired). Where the offsets are the group's,
-//! the driver holds every start and rewind to it ([`Ledger::hold`]). Where they are kept with
-//! the outputs (a database), they are not held: a table that went back took its rows with it.
+//! kept for as long as it runs, unless a revoke finds its topic deleted. The group's offsets
+//! do not go back while this process is a member (a reset needs the group empty), so an
+//! answer below it, or none, is a broker that lost the group's offsets (RELIABILITY.md), or a
+//! reset made while this process was out of the group. Where the offsets are the group's, the
+//! driver holds starts and rewinds to it ([`Ledger::hold`]): a start at `auto.offset.reset`
+//! would write again what this process wrote. Where they are kept with the outputs (a
+//! database), they are not held: a table that went back took its rows with it.
 //!
 //! A sink that keeps the offsets itself knows another fact, which is the destination's, not
 //! this instance's: what its table holds (the database sink's claims, the value its
@@ -58,7 +59,7 @@ pub struct Ledger {
     floors: Option<Arc<Positions>>,
     /// What this process last committed in each partition, owned or not: forgotten only with
     /// its topic.
-    highest: HashMap<Tp, i64>,
+    process_committed: HashMap<Tp, i64>,
 }
 
 /// A partition whose committed offset was answered below what this process committed there.
@@ -126,17 +127,18 @@ impl Ledger {
             // The latest, not the most: this process commits upwards, unless the topic was
             // deleted and created again under it (a mark that stayed would hold every rewind
             // past the new log's end).
-            self.highest.insert((topic.clone(), *partition), *next);
+            self.process_committed
+                .insert((topic.clone(), *partition), *next);
         }
         self.publish(floors);
     }
 
-    /// Raises each partition of `answer` (what the group says is committed) that is below what
-    /// this process committed there to that, and says which went back.
+    /// Raises each partition of `answer` (what the group says is committed) that is below, or
+    /// missing, where this process committed there to that, and says which went back.
     pub fn hold(&self, answer: &mut [(Tp, Option<i64>)]) -> Vec<WentBack> {
         let mut went_back = Vec::new();
         for (tp, answered) in answer.iter_mut() {
-            let Some(&committed) = self.highest.get(tp) else {
+            let Some(&committed) = self.process_committed.get(tp) else {
                 continue;
             };
             if answered.is_none_or(|a| a < committed) {
@@ -154,12 +156,12 @@ impl Ledger {
     /// `topic` was deleted: what this process committed there is no longer the least its
     /// partitions hold (a topic created again under its name starts at 0).
     pub fn deleted(&mut self, topic: &str) {
-        self.highest.retain(|(t, _), _| t != topic);
+        self.process_committed.retain(|(t, _), _| t != topic);
     }
 
     /// Whether this process committed anything in `tp`, owned now or not.
     pub fn ever_committed(&self, tp: &Tp) -> bool {
-        self.highest.contains_key(tp)
+        self.process_committed.contains_key(tp)
     }
 
     /// The first offset read of `tp` since it was assigned, if anything was.
@@ -172,9 +174,9 @@ impl Ledger {
         self.entry(tp)?.committed
     }
 
-    /// `partitions` are no longer owned: a later assignment starts afresh (what this instance
-    /// committed for them may be outdated by the time they come back; it stays the least
-    /// [`Ledger::hold`] believes).
+    /// `partitions` are no longer owned: a later assignment starts afresh (what this process
+    /// committed in them may be outdated by the time they come back; it is kept, as the least
+    /// a start there may be).
     pub fn forget(&mut self, partitions: &[Tp]) {
         for (topic, partition) in partitions {
             if let Slot::Occupied(mut ps) = self.entries.entry(topic.clone()) {

@@ -231,7 +231,8 @@ pub struct Destination {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OffsetHome {
     /// In the consumer group (the Kafka sinks): a broker can lose them apart from the outputs
-    /// (RELIABILITY.md), so no start or rewind goes below what this process committed.
+    /// (RELIABILITY.md), so no start or rewind goes below what this process committed, where
+    /// the group's answer could be read.
     Group,
     /// With the outputs, in one transaction (a database): they go back only with the outputs,
     /// and what they answer is where to start.

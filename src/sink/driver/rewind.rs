@@ -74,8 +74,10 @@ impl Driver {
         self.rejections.verdicts_on(tp)
     }
 
-    /// `partitions` were revoked: what was read and committed of them is the group's
-    /// business now, and so is judging their refused records.
+    /// `partitions` were revoked (or their consumer replaced): what was read and committed of
+    /// them in this assignment is the group's business now, and so is judging their refused
+    /// records. What this process last committed in them is kept (`sink::ledger`), unless
+    /// their topic no longer exists.
     /// A topic that no longer exists takes what this process committed there with it.
     pub fn forget(&mut self, partitions: &[Tp]) {
         self.ledger.forget(partitions);
