@@ -16,10 +16,12 @@ return into a file counting as a step there), then the counts:
 - the rooms in the order the path goes through them, and how often it returns to one it
   left before.
 
-It counts twice. As it runs: every call, down to one-line accessors (the global allocator's
-shims apart). As read: only the calls into functions that call further into the crate; a
-leaf (an accessor, a counter, the clock) is read by its name where it is called, as a reader
-does. The stays printed, and the limits, are the path as read.
+It counts three ways. As it runs: every call, down to one-line accessors (the global
+allocator's shims apart). As read: only the calls into functions that call further into the
+crate; a leaf (an accessor, a counter, the clock) is read by its name where it is called, as a
+reader does. As read once: the same, each call read once (a loop's second pass over a call, or
+a second call from the same caller, is not a new place). The stays printed, and the limits, are
+the path as read once.
 
   scripts/path.py [--jq PROGRAM] [--max-stays N --max-climbs N]
 
@@ -173,6 +175,18 @@ def as_read(steps):
     return [fs for fs in steps if fs[0][0] in interior]
 
 
+def read_once(steps):
+    """The path as read, each call read once: a loop's second pass over the same call, or a
+    function's second call from the same caller, is not a new place the reader goes."""
+    seen, kept = set(), []
+    for fs in as_read(steps):
+        edge = (fs[1][0] if len(fs) > 1 else None, fs[0][0])
+        if edge not in seen:
+            seen.add(edge)
+            kept.append(fs)
+    return kept
+
+
 def summary(label, stays, climbs):
     count = collections.Counter(f for f, _ in stays)
     again = ", ".join(f"{f} {n}" for f, n in count.most_common() if n > 1)
@@ -207,11 +221,13 @@ def main():
     layer = (modgraph.layers(os.path.join(ROOT, "src")) or ({}, []))[0]
     stays, climbs = measure(steps, layer)
     read_stays, read_climbs = measure(as_read(steps), layer)
-    for f, fn in read_stays:
+    once_stays, once_climbs = measure(read_once(steps), layer)
+    for f, fn in once_stays:
         print(f"  {f:40} {fn}")
     summary("path as it runs", stays, climbs)
     summary("path as read (leaves skipped)", read_stays, read_climbs)
-    stays, climbs = read_stays, read_climbs
+    summary("path as read, each call once", once_stays, once_climbs)
+    stays, climbs = once_stays, once_climbs
     too_long = (args.max_stays is not None and len(stays) > args.max_stays) or (
         args.max_climbs is not None and len(climbs) > args.max_climbs)
     return 1 if too_long else 0
