@@ -11,8 +11,12 @@
 #                                      SYSTEMS="exactly kstreams", LATENCY=1, BUSY=1;
 #                                      the latency run: LATENCY_PARTS="6 1000", LATENCY_RATE
 #                                      (half the slower drain), LATENCY_SECONDS=40,
-#                                      LATENCY_WARMUP=10; EXACTLY_ARGS: more of exactly's
-#                                      flags, for experiments)
+#                                      LATENCY_WARMUP=10; LATENCY_EXISTING=1: topics written
+#                                      before, by LATENCY_PRIME=20 s of the same load;
+#                                      LATENCY_INSTANCES=1: exactly's instances in the group;
+#                                      LATENCY_SYSTEMS="exactly" (or "exactly kstreams");
+#                                      EXACTLY_ARGS: more of exactly's flags, BROKER_CONFIG:
+#                                      one dynamic broker setting, for experiments)
 #
 # Results: one JSON object per line in bench/results/partitions.jsonl, and the table on stdout.
 set -euo pipefail
@@ -35,29 +39,39 @@ mkdir -p bench/results
 log() { echo "partitions: $*" >&2; }
 # shellcheck source=bench/partitions-lib.sh
 source bench/partitions-lib.sh
-pid= busy=
+pid= busy= others=()
+if [ -n "${BROKER_CONFIG:-}" ]; then
+  scripts/kafka.sh tool org.apache.kafka.tools.ConfigCommand --bootstrap-server "$bootstrap" \
+    --alter --entity-type brokers --entity-default --add-config "$BROKER_CONFIG" >&2
+fi
 # Replaces lib.sh's trap: ends what runs here too, then the broker, on any exit.
 trap '[ -z "$busy" ] || kill "$busy" 2>/dev/null || true
+  for o in "${others[@]}"; do kill -TERM "$o" 2>/dev/null || true; done
   [ -z "$pid" ] || kill -TERM "$pid" 2>/dev/null || true
   [ -z "$app" ] || kill "$app" 2>/dev/null || true
   scripts/kafka.sh stop >&2 || true' EXIT
 record() { # kind system partitions json: one row, with the settings a run was narrowed by
   python3 -c 'import json, sys
-k, s, p, r, args, topic = sys.argv[1:]
+k, s, p, r, args, topic, broker, existing, instances = sys.argv[1:]
 row = {"kind": k, "system": s, "partitions": int(p), "result": json.loads(r)}
 if args: row["exactly_args"] = args
 if topic: row["topic_config"] = topic
-print(json.dumps(row, separators=(",", ":")))' "$1" "$2" "$3" "$4" "${EXACTLY_ARGS:-}" "${TOPIC_CONFIG:-}" >>"$out"
+if broker: row["broker_config"] = broker
+if existing == "1" and k == "latency": row["existing_topics"] = True
+if k == "latency" and instances != "1": row["instances"] = int(instances)
+print(json.dumps(row, separators=(",", ":")))' "$1" "$2" "$3" "$4" "${EXACTLY_ARGS:-}" "${TOPIC_CONFIG:-}" \
+  "${BROKER_CONFIG:-}" "${LATENCY_EXISTING:-0}" "${LATENCY_INSTANCES:-1}" >>"$out"
   log "$1 $2 $3: $(cut -c1-220 <<<"$4")"
 }
 
-# Starts a system in the background on inputs (comma-separated) and output; sets $pid.
-start() { # system inputs output group
+# Starts a system in the background on inputs (comma-separated) and output; sets $pid. With
+# an instance suffix, exactly is one more member of the group (its metrics not read).
+start() { # system inputs output group [suffix]
   case "$1" in
     exactly)
       "$bin" run --bootstrap-servers "$bootstrap" --input-topics "$2" --output-topic "$3" \
-        --group-id "$4" --instance-id "$4" --on-error skip --log-level warn \
-        --http-addr "127.0.0.1:$metrics_port" \
+        --group-id "$4" --instance-id "$4${5:-}" --on-error skip --log-level warn \
+        --http-addr "127.0.0.1:$([ -z "${5:-}" ] && echo "$metrics_port" || echo 0)" \
         --commit-interval 100ms --producer-config "linger.ms=$BENCH_LINGER_MS" \
         --producer-config "batch.size=$BENCH_BATCH_SIZE" \
         --producer-config "compression.type=$BENCH_COMPRESSION" ${EXACTLY_ARGS:-} \
@@ -76,6 +90,9 @@ drain() { # inputs group: the drain's JSON, or {"failed":…} (timed out after 1
     2>>"$EXACTLY_KAFKA_DIR/sut.log" || echo '{"failed":"the drain failed or timed out (sut.log)"}'
 }
 stop() {
+  for o in "${others[@]}"; do kill -TERM "$o" 2>/dev/null || true; done
+  for o in "${others[@]}"; do wait "$o" 2>/dev/null || true; done
+  others=()
   kill -TERM "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
   pid=
@@ -121,6 +138,50 @@ for parts in $parts_list; do
   fi
 done
 
+# One latency row: the system on topics of its own under the open-loop load at $rate.
+latency() { # system partitions
+  local system=$1 parts=$2
+  run=$((run + 1))
+  mktopic "lat-in-$run" "$parts"
+  mktopic "lat-out-$run" "$parts"
+  # LATENCY_INSTANCES: more members of exactly's group, each with a producer (a connection).
+  if [ "$system" = exactly ]; then
+    for i in $(seq 2 "${LATENCY_INSTANCES:-1}"); do
+      start exactly "lat-in-$run" "lat-out-$run" "p-$run" "-$i"
+      others+=("$pid")
+    done
+  fi
+  start "$system" "lat-in-$run" "lat-out-$run" "p-$run"
+  sleep 8 # join the group before the clock starts
+  if ! kill -0 "$pid" 2>/dev/null; then
+    record latency "$system" "$parts" '{"failed":"exited before the load (sut.log)"}'
+    pid=
+    return
+  fi
+  local from_end=()
+  if [ "${LATENCY_EXISTING:-0}" = 1 ]; then
+    # Topics written before: the same load for LATENCY_PRIME seconds, drained, then the
+    # measured load read from the output's end.
+    log "latency: $system, $parts partitions, priming at $rate/s for ${LATENCY_PRIME:-20} s"
+    "${loadgen[@]}" generate --topic "lat-in-$run" --rate "$rate" --seconds "${LATENCY_PRIME:-20}" >/dev/null
+    drain "lat-in-$run" "p-$run" >/dev/null
+    from_end=(--from-end)
+  fi
+  "${loadgen[@]}" check --topic "lat-out-$run" --warmup-seconds "$warmup" --idle-seconds 10 \
+    "${from_end[@]}" >"$EXACTLY_KAFKA_DIR/check.json" &
+  local checker=$!
+  sleep 2 # the checker has read the output's end
+  log "latency: $system, $parts partitions at $rate/s for $seconds s (the first $warmup s not measured)"
+  local since gen own='{}'
+  since=$(broker_cpu)
+  gen=$("${loadgen[@]}" generate --topic "lat-in-$run" --rate "$rate" --seconds "$seconds")
+  gen=$(with_broker_cpu "$gen" "$since")
+  wait "$checker"
+  if [ "$system" = exactly ]; then own=$(with_transactions '{}'); fi
+  stop
+  record latency "$system" "$parts" "{\"rate\":$rate,\"generator\":$gen,\"checker\":$(cat "$EXACTLY_KAFKA_DIR/check.json"),\"exactly\":$own}"
+}
+
 if [ "${LATENCY:-1}" = 1 ]; then
   rate=${LATENCY_RATE:-$(python3 - "$out" <<'PY'
 import json, sys
@@ -133,27 +194,9 @@ PY
 )}
   seconds=${LATENCY_SECONDS:-40} warmup=${LATENCY_WARMUP:-10}
   for parts in ${LATENCY_PARTS:-6 1000}; do
-    run=$((run + 1))
-    mktopic "lat-in-$run" "$parts"
-    mktopic "lat-out-$run" "$parts"
-    start exactly "lat-in-$run" "lat-out-$run" "p-$run"
-    sleep 8 # join the group before the clock starts
-    if ! kill -0 "$pid" 2>/dev/null; then
-      record latency exactly "$parts" '{"failed":"exactly exited before the load (sut.log)"}'
-      pid=
-      continue
-    fi
-    "${loadgen[@]}" check --topic "lat-out-$run" --warmup-seconds "$warmup" --idle-seconds 10 \
-      >"$EXACTLY_KAFKA_DIR/check.json" &
-    checker=$!
-    log "latency: $parts partitions at $rate/s for $seconds s (the first $warmup s not measured)"
-    since=$(broker_cpu)
-    gen=$("${loadgen[@]}" generate --topic "lat-in-$run" --rate "$rate" --seconds "$seconds")
-    gen=$(with_broker_cpu "$gen" "$since")
-    wait "$checker"
-    own=$(with_transactions '{}')
-    stop
-    record latency exactly "$parts" "{\"rate\":$rate,\"generator\":$gen,\"checker\":$(cat "$EXACTLY_KAFKA_DIR/check.json"),\"exactly\":$own}"
+    for system in ${LATENCY_SYSTEMS:-exactly}; do
+      latency "$system" "$parts"
+    done
   done
 fi
 
@@ -188,10 +231,9 @@ busy, quiet = get("busy", "exactly", 1000), get("drain", "exactly", 1000)
 if busy and quiet and busy.get("records_per_second") and quiet.get("records_per_second"):
     print(f"\n1,000 partitions with one core busy: {busy['records_per_second']:,.0f} records/s, "
           f"{busy['records_per_second'] / quiet['records_per_second']:.2f} of the quiet figure")
-for parts in (6, 1000):
-    lat = get("latency", "exactly", parts)
-    if lat:
-        c = lat["checker"]
-        print(f"latency at {parts:,} partitions, {lat['rate']:,}/s: p50 {c.get('p50_ms')} ms, "
+for r in rows:
+    if r["kind"] == "latency" and "checker" in r["result"]:
+        lat, c = r["result"], r["result"]["checker"]
+        print(f"latency, {r['system']} at {r['partitions']:,} partitions, {lat['rate']:,}/s: p50 {c.get('p50_ms')} ms, "
               f"p99 {c.get('p99_ms')} ms, missing {c.get('missing_below_max')}, duplicates {c.get('duplicates')}")
 PY

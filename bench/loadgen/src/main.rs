@@ -88,6 +88,10 @@ enum Cmd {
         idle_seconds: u64,
         #[arg(long, default_value_t = 600)]
         timeout_seconds: u64,
+        /// Start at the output's end as it is now (its high watermarks, read before the first
+        /// poll), not its beginning: for a topic written before, by an earlier load.
+        #[arg(long)]
+        from_end: bool,
     },
     /// Answer exactly's call-out (`--call-url http://127.0.0.1:PORT/`) as a passthrough
     /// application that takes `delay_ms` per call; prints {"port": N} once listening.
@@ -316,12 +320,19 @@ fn partitions(c: &BaseConsumer, topic: &str) -> Vec<i32> {
     md.topics()[0].partitions().iter().map(|p| p.id()).collect()
 }
 
-fn check(bootstrap: &str, topic: &str, warmup: u64, idle: u64, timeout: u64) {
+fn check(bootstrap: &str, topic: &str, warmup: u64, idle: u64, timeout: u64, from_end: bool) {
     let c = consumer(bootstrap, "read_committed", None);
     let mut tpl = TopicPartitionList::new();
     for p in partitions(&c, topic) {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)
-            .unwrap();
+        let start = if from_end {
+            let (_, high) = c
+                .fetch_watermarks(topic, p, Duration::from_secs(30))
+                .expect("watermarks");
+            Offset::Offset(high)
+        } else {
+            Offset::Beginning
+        };
+        tpl.add_partition_offset(topic, p, start).unwrap();
     }
     c.assign(&tpl).unwrap();
     let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).unwrap();
@@ -537,7 +548,15 @@ fn main() {
             warmup_seconds,
             idle_seconds,
             timeout_seconds,
-        } => check(b, &topic, warmup_seconds, idle_seconds, timeout_seconds),
+            from_end,
+        } => check(
+            b,
+            &topic,
+            warmup_seconds,
+            idle_seconds,
+            timeout_seconds,
+            from_end,
+        ),
         Cmd::Drain {
             topic,
             group,
