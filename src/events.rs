@@ -299,6 +299,28 @@ impl OffsetWentBack<'_> {
     }
 }
 
+/// A claim whose starts could not be held: the group's committed offsets were unreadable in
+/// time, so the claimed partitions start where librdkafka's own fetch says.
+pub struct ClaimUnchecked<'a> {
+    /// The partitions claimed.
+    pub partitions: usize,
+    /// Why the offsets could not be read.
+    pub why: &'a str,
+}
+
+impl ClaimUnchecked<'_> {
+    /// Logs and counts it.
+    pub fn emit(&self, m: &Metrics) {
+        warn!(
+            partitions = self.partitions,
+            error = self.why,
+            "where the claimed partitions start is unchecked: the group's committed offsets \
+             could not be read, so they start where librdkafka's fetch says"
+        );
+        m.claims_unchecked.inc();
+    }
+}
+
 /// A transaction (or at-least-once batch) committed, with everything it counted.
 pub struct TransactionCommitted<'a> {
     /// Input records consumed, per topic and partition.

@@ -55,6 +55,8 @@ pub struct Metrics {
     /// group answered less (a broker that lost the group's offsets, or a reset made while this
     /// process was out of the group).
     pub committed_offsets_went_back: IntCounter,
+    /// Claims whose starts could not be held (`events::ClaimUnchecked`).
+    pub claims_unchecked: IntCounter,
     /// 1 when initialised and consuming.
     pub ready: IntGauge,
     /// How long the loop has been inside the transactional librdkafka call it is in; 0
@@ -280,6 +282,12 @@ impl Metrics {
                 "Starts and rewinds of a partition raised to what this process had committed \
                  there: the group answered less (a broker that lost the group's offsets, or a \
                  reset made while this process was out of the group).",
+            ),
+            claims_unchecked: plain_counter(
+                "claims_unchecked_total",
+                "Claims of partitions this process had committed in whose starts could not be \
+                 held: the group's committed offsets were unreadable in time, so they started \
+                 where librdkafka's fetch said.",
             ),
             ready: gauge("ready", "1 when initialised and consuming."),
             kafka_call_waiting: float_gauge(

@@ -241,6 +241,7 @@ fn a_claim_whose_offsets_cannot_be_read_starts_where_librdkafka_says() {
     core.broker().unstable = true;
     let starts = core.session.claim(&core.group, &[tp(0)]);
     assert_eq!(starts, Some(crate::sink::Starts::Group));
+    assert_eq!(core.metrics.claims_unchecked.get(), 1);
 }
 
 /// A topic deleted and created again under its name starts at 0: what this process committed

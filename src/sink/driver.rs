@@ -560,10 +560,11 @@ impl Driver {
             // Offsets a transaction has not ended on yet (librdkafka waits for them), or a
             // coordinator that does not answer: librdkafka's own fetch starts the partitions.
             Err(Unreadable::Retry(why)) => {
-                warn!(
-                    error = why,
-                    "where the claimed partitions start is unchecked"
-                );
+                let event = events::ClaimUnchecked {
+                    partitions: partitions.len(),
+                    why: &why,
+                };
+                event.emit(&self.metrics);
                 return Ok(Starts::Group);
             }
             Err(exit) => return Err(exit),
