@@ -4,7 +4,7 @@
 //! Labels are bounded: topics, partitions, fixed reason and outcome names; never keys or
 //! offsets.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use prometheus::core::Collector;
@@ -494,7 +494,7 @@ impl Metrics {
 /// transaction, when it commits.)
 #[derive(Default)]
 pub struct RecordCounters {
-    produced: HashMap<String, IntCounter>,
+    produced: foldhash::HashMap<String, IntCounter>,
 }
 
 impl RecordCounters {

@@ -1,7 +1,6 @@
 //! The open unit of work (a transaction, or an at-least-once batch of deliveries), as every
 //! sink counts it: records, bytes, offsets per partition.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::events::TransactionCommitted;
@@ -31,7 +30,9 @@ pub struct Unit {
     bytes: u64,
     /// Next offset to consume and records consumed, per topic and partition. Keyed by topic first so that the per-record look-up borrows the topic name
     /// instead of copying it.
-    offsets: HashMap<String, HashMap<i32, (i64, u64)>>,
+    /// foldhash, not SipHash: looked up for every record (keys are topic names and partitions,
+    /// not anything a client chooses).
+    offsets: foldhash::HashMap<String, foldhash::HashMap<i32, (i64, u64)>>,
     /// Input timestamps (ms since the epoch), for the end-to-end latency at commit.
     timestamps: Vec<i64>,
     /// Inputs that yielded no output, and DLQ records by reason (a few reasons at most):
@@ -46,7 +47,7 @@ impl Unit {
             began: crate::clock::now(),
             records: 0,
             bytes: 0,
-            offsets: HashMap::new(),
+            offsets: Default::default(),
             timestamps: Vec::new(),
             filtered: 0,
             dead_lettered: Default::default(),
