@@ -7,7 +7,8 @@
 #   bench/instructions.sh RECORDS BINARY...
 #
 # With CALL_DELAY_MS set, the records go through the call-out (bench/call.sh's application,
-# answering after that many ms, 500 records a call).
+# answering after that many ms, 500 records a call); with JQ=1, through bench/run.sh's jq
+# enrichment.
 #
 # Then e.g. callgrind_annotate --inclusive=yes /tmp/exactly-instructions-1.out | head -40
 set -euo pipefail
@@ -25,6 +26,7 @@ if [ -n "${CALL_DELAY_MS:-}" ]; then
   start_app "$CALL_DELAY_MS"
   call=(--call-url "http://127.0.0.1:$app_port/" --call-batch-records 500)
 fi
+if [ "${JQ:-0}" = 1 ]; then call+=(--jq "$jq_program"); fi
 run=0
 for bin in "$@"; do
   run=$((run + 1))
