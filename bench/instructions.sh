@@ -7,8 +7,8 @@
 #   bench/instructions.sh RECORDS BINARY...
 #
 # With CALL_DELAY_MS set, the records go through the call-out (bench/call.sh's application,
-# answering after that many ms, 500 records a call); with JQ=1, through bench/run.sh's jq
-# enrichment.
+# answering after that many ms, 500 records a call); with JQ=1, through the jq enrichment
+# (`$jq_program`, bench/lib.sh).
 #
 # Then e.g. callgrind_annotate --inclusive=yes /tmp/exactly-instructions-1.out | head -40
 set -euo pipefail

@@ -30,8 +30,7 @@ pub struct Unit {
     bytes: u64,
     /// Next offset to consume and records consumed, per topic and partition. Keyed by topic first so that the per-record look-up borrows the topic name
     /// instead of copying it.
-    /// foldhash, not SipHash: looked up for every record (keys are topic names and partitions,
-    /// not anything a client chooses).
+    /// Keys are topic names and partitions, nothing a client chooses: a fast hasher is safe.
     offsets: foldhash::HashMap<String, foldhash::HashMap<i32, (i64, u64)>>,
     /// Input timestamps (ms since the epoch), for the end-to-end latency at commit.
     timestamps: Vec<i64>,
