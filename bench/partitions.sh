@@ -58,7 +58,7 @@ if args: row["exactly_args"] = args
 if topic: row["topic_config"] = topic
 if broker: row["broker_config"] = broker
 if existing == "1" and k == "latency": row["existing_topics"] = True
-if k == "latency" and instances != "1": row["instances"] = int(instances)
+if k == "latency" and s == "exactly" and instances != "1": row["instances"] = int(instances)
 print(json.dumps(row, separators=(",", ":")))' "$1" "$2" "$3" "$4" "${EXACTLY_ARGS:-}" "${TOPIC_CONFIG:-}" \
   "${BROKER_CONFIG:-}" "${LATENCY_EXISTING:-0}" "${LATENCY_INSTANCES:-1}" >>"$out"
   log "$1 $2 $3: $(cut -c1-220 <<<"$4")"
@@ -155,7 +155,7 @@ latency() { # system partitions
   sleep 8 # join the group before the clock starts
   if ! kill -0 "$pid" 2>/dev/null; then
     record latency "$system" "$parts" '{"failed":"exited before the load (sut.log)"}'
-    pid=
+    stop # the other members too
     return
   fi
   local from_end=()
@@ -167,10 +167,13 @@ latency() { # system partitions
     drain "lat-in-$run" "p-$run" >/dev/null
     from_end=(--from-end)
   fi
+  local ready="$EXACTLY_KAFKA_DIR/check.ready"
+  rm -f "$ready"
   "${loadgen[@]}" check --topic "lat-out-$run" --warmup-seconds "$warmup" --idle-seconds 10 \
-    "${from_end[@]}" >"$EXACTLY_KAFKA_DIR/check.json" &
+    --ready-file "$ready" "${from_end[@]}" >"$EXACTLY_KAFKA_DIR/check.json" &
   local checker=$!
-  sleep 2 # the checker has read the output's end
+  # The load starts once the checker holds its start offsets (read one partition at a time).
+  for _ in $(seq 1 600); do [ -e "$ready" ] && break; sleep 0.1; done
   log "latency: $system, $parts partitions at $rate/s for $seconds s (the first $warmup s not measured)"
   local since gen own='{}'
   since=$(broker_cpu)

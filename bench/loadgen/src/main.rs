@@ -92,6 +92,9 @@ enum Cmd {
         /// poll), not its beginning: for a topic written before, by an earlier load.
         #[arg(long)]
         from_end: bool,
+        /// A file created once the start offsets are set, for a load to wait on.
+        #[arg(long)]
+        ready_file: Option<std::path::PathBuf>,
     },
     /// Answer exactly's call-out (`--call-url http://127.0.0.1:PORT/`) as a passthrough
     /// application that takes `delay_ms` per call; prints {"port": N} once listening.
@@ -320,7 +323,15 @@ fn partitions(c: &BaseConsumer, topic: &str) -> Vec<i32> {
     md.topics()[0].partitions().iter().map(|p| p.id()).collect()
 }
 
-fn check(bootstrap: &str, topic: &str, warmup: u64, idle: u64, timeout: u64, from_end: bool) {
+fn check(
+    bootstrap: &str,
+    topic: &str,
+    warmup: u64,
+    idle: u64,
+    timeout: u64,
+    from_end: bool,
+    ready: Option<&std::path::Path>,
+) {
     let c = consumer(bootstrap, "read_committed", None);
     let mut tpl = TopicPartitionList::new();
     for p in partitions(&c, topic) {
@@ -335,6 +346,9 @@ fn check(bootstrap: &str, topic: &str, warmup: u64, idle: u64, timeout: u64, fro
         tpl.add_partition_offset(topic, p, start).unwrap();
     }
     c.assign(&tpl).unwrap();
+    if let Some(ready) = ready {
+        std::fs::write(ready, b"").expect("the ready file");
+    }
     let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).unwrap();
     let mut seen: Vec<u8> = Vec::new();
     let (mut first_us, mut records, mut duplicates) = (None::<u64>, 0u64, 0u64);
@@ -549,6 +563,7 @@ fn main() {
             idle_seconds,
             timeout_seconds,
             from_end,
+            ready_file,
         } => check(
             b,
             &topic,
@@ -556,6 +571,7 @@ fn main() {
             idle_seconds,
             timeout_seconds,
             from_end,
+            ready_file.as_deref(),
         ),
         Cmd::Drain {
             topic,
